@@ -1,0 +1,442 @@
+#include "backend/DelayBackend.hpp"
+
+#include <algorithm>
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
+
+namespace delaycomm {
+
+namespace {
+
+int64_t bytesOf(const at::Tensor& t) {
+  if (t.is_sparse()) {
+    return t._values().numel() * t.element_size();
+  }
+  return t.numel() * t.element_size();
+}
+
+int64_t bytesOf(const std::vector<at::Tensor>& ts) {
+  int64_t n = 0;
+  for (const auto& t : ts) {
+    n += bytesOf(t);
+  }
+  return n;
+}
+
+// Checks that `tensors` are usable by an inner backend and returns their device. Messages follow c10d:
+// "delaycomm: <op>: <argument> <what was expected>, got <what came>".
+c10::Device checkTensors(OpKind op, const char* arg, const std::vector<at::Tensor>& tensors,
+                         bool allowSparse = false) {
+  TORCH_CHECK_VALUE(!tensors.empty(), "delaycomm: ", opName(op), ": ", arg, " must hold at least one tensor");
+  const c10::Device device = tensors[0].device();
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const auto& t = tensors[i];
+    TORCH_CHECK_VALUE(t.defined(), "delaycomm: ", opName(op), ": ", arg, "[", i, "] is an undefined tensor");
+    TORCH_CHECK_VALUE(t.device().type() == device.type(), "delaycomm: ", opName(op), ": ", arg,
+                      " must all be on one device type, got ", device, " and ", t.device(), " (", arg, "[", i,
+                      "])");
+    if (t.is_sparse()) {
+      TORCH_CHECK_VALUE(allowSparse, "delaycomm: ", opName(op), ": ", arg, "[", i,
+                        "] is sparse; only all_reduce of CPU tensors accepts sparse tensors");
+    } else {
+      TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "delaycomm: ", opName(op), ": ", arg, "[", i,
+                        "] must be a strided (dense) tensor, got layout ", t.layout());
+      TORCH_CHECK_VALUE(t.is_contiguous(t.suggest_memory_format()), "delaycomm: ", opName(op), ": ", arg, "[", i,
+                        "] must be contiguous, got sizes ", t.sizes(), " and strides ", t.strides());
+    }
+  }
+  return device;
+}
+
+c10::Device checkTensor(OpKind op, const char* arg, const at::Tensor& t) {
+  return checkTensors(op, arg, std::vector<at::Tensor>{t});
+}
+
+std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
+  std::vector<at::Tensor> out;
+  for (const auto& l : lists) {
+    out.insert(out.end(), l.begin(), l.end());
+  }
+  return out;
+}
+
+}  // namespace
+
+DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
+                           c10::intrusive_ptr<c10d::Backend> cudaInner, BackendOptions options)
+    : c10d::Backend(rank, size),
+      cpuInner_(std::move(cpuInner)),
+      cudaInner_(std::move(cudaInner)),
+      options_(std::move(options)),
+      stats_(std::make_shared<GroupStats>()) {
+  TORCH_CHECK_VALUE(cpuInner_ || cudaInner_, "delaycomm: DelayBackend needs at least one inner backend");
+}
+
+DelayBackend::~DelayBackend() = default;
+
+c10::intrusive_ptr<c10d::Backend::Options> DelayBackend::getBackendOptions() {
+  return c10::make_intrusive<c10d::Backend::Options>("delaycomm", options_.timeout);
+}
+
+c10::intrusive_ptr<c10d::Backend> DelayBackend::innerBackend(c10::DeviceType type) const {
+  return type == c10::DeviceType::CUDA ? cudaInner_ : cpuInner_;
+}
+
+c10d::Backend& DelayBackend::innerFor(OpKind op, c10::Device device) {
+  switch (device.type()) {
+    case c10::DeviceType::CPU:
+      TORCH_CHECK(cpuInner_, "Backend delaycomm does not support ", opName(op),
+                  " on cpu tensors in this group: it has no Gloo backend");
+      return *cpuInner_;
+    case c10::DeviceType::CUDA:
+      TORCH_CHECK(cudaInner_, "Backend delaycomm does not support ", opName(op),
+                  " on cuda tensors in this group: it has no NCCL backend (torch without CUDA/NCCL, or no GPU)");
+      return *cudaInner_;
+    default:
+      TORCH_CHECK(false, "Backend delaycomm does not support ", opName(op), " on ", device.type(),
+                  " tensors (cpu tensors go to Gloo, cuda tensors to NCCL)");
+  }
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, int64_t bytes,
+                                                 std::vector<at::Tensor> outputs, IssueFn issue) {
+  c10d::Backend& inner = innerFor(op, device);
+  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  auto& s = stats_->op(op);
+  s.calls.fetch_add(1, std::memory_order_relaxed);
+  s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+
+  if (coalescing_ && inner.supportsCoalescing() &&
+      std::find(coalescingInners_.begin(), coalescingInners_.end(), &inner) == coalescingInners_.end()) {
+    inner.startCoalescing();
+    coalescingInners_.push_back(&inner);
+  }
+
+  auto issueInner = [&]() -> c10::intrusive_ptr<c10d::Work> {
+    try {
+      return issue(inner);
+    } catch (const c10::Error& e) {
+      s.errors.fetch_add(1, std::memory_order_relaxed);
+      const std::string msg = e.what_without_backtrace();
+      if (msg.find("does not support") != std::string::npos) {
+        TORCH_CHECK(false, "Backend delaycomm does not support ", opName(op), " on ", device.type(),
+                    " tensors: its inner backend ", inner.getBackendName(), " says: ", msg);
+      }
+      throw;
+    } catch (...) {
+      s.errors.fetch_add(1, std::memory_order_relaxed);
+      throw;
+    }
+  };
+
+  if (device.is_cuda()) {
+    std::optional<c10::Event> start;
+    if (options_.timeCuda) {
+      start.emplace(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+      c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+      start->record(impl.getStream(device));
+    }
+    auto innerWork = issueInner();
+    harvestCudaTimings();
+    if (!innerWork) {  // an inner backend inside its own coalescing window may return no work
+      return innerWork;
+    }
+    auto work = c10::make_intrusive<DelayWorkCuda>(
+        std::move(innerWork), op, seq, stats_, std::move(start), device,
+        [this](OpKind k, c10::Event a, c10::Event b) { recordCudaPair(k, std::move(a), std::move(b)); });
+    if (coalescing_ && !inner.supportsCoalescing()) {
+      coalescedWorks_.push_back(work);
+    }
+    return work;
+  }
+
+  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, Clock::now(), std::move(outputs));
+  auto innerWork = issueInner();
+  if (!innerWork) {
+    return innerWork;
+  }
+  work->attach(std::move(innerWork));
+  if (coalescing_ && !inner.supportsCoalescing()) {
+    coalescedWorks_.push_back(work);
+  }
+  return work;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Collectives
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::broadcast(std::vector<at::Tensor>& tensors,
+                                                       const c10d::BroadcastOptions& opts) {
+  const auto device = checkTensors(OpKind::kBroadcast, "tensors", tensors);
+  return run(OpKind::kBroadcast, device, bytesOf(tensors), tensors,
+             [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& tensors,
+                                                       const c10d::AllreduceOptions& opts) {
+  const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
+  const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
+  return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                              const c10d::AllreduceOptions& opts) {
+  const bool cpuSparse = !tensors.empty() && tensors[0].is_cpu();
+  const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
+  return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                                 const c10d::AllreduceCoalescedOptions& opts) {
+  const auto device = checkTensors(OpKind::kAllreduceCoalesced, "tensors", tensors);
+  return run(OpKind::kAllreduceCoalesced, device, bytesOf(tensors), tensors,
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::reduce(std::vector<at::Tensor>& tensors,
+                                                    const c10d::ReduceOptions& opts) {
+  const auto device = checkTensors(OpKind::kReduce, "tensors", tensors);
+  return run(OpKind::kReduce, device, bytesOf(tensors), tensors,
+             [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                       std::vector<at::Tensor>& inputs,
+                                                       const c10d::AllgatherOptions& opts) {
+  const auto device = checkTensors(OpKind::kAllgather, "inputTensors", inputs);
+  checkTensors(OpKind::kAllgather, "outputTensors", flatten(outputs));
+  return run(OpKind::kAllgather, device, bytesOf(inputs), flatten(outputs),
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
+                                                             const c10d::AllgatherOptions& opts) {
+  const auto device = checkTensor(OpKind::kAllgatherBase, "inputBuffer", input);
+  checkTensor(OpKind::kAllgatherBase, "outputBuffer", output);
+  return run(OpKind::kAllgatherBase, device, bytesOf(input), {output},
+             [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) {
+  const auto device = checkTensors(OpKind::kAllgatherCoalesced, "inputTensors", inputs);
+  return run(OpKind::kAllgatherCoalesced, device, bytesOf(inputs), flatten(outputs),
+             [outputs, inputs, opts](c10d::Backend& b) mutable {
+               return b.allgather_coalesced(outputs, inputs, opts);
+             });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const c10d::AllgatherOptions& opts) {
+  const auto device = checkTensors(OpKind::kAllgatherIntoTensorCoalesced, "inputs", inputs);
+  checkTensors(OpKind::kAllgatherIntoTensorCoalesced, "outputs", outputs);
+  return run(OpKind::kAllgatherIntoTensorCoalesced, device, bytesOf(inputs), outputs,
+             [outputs, inputs, opts](c10d::Backend& b) mutable {
+               return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
+             });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                                    std::vector<at::Tensor>& inputs,
+                                                    const c10d::GatherOptions& opts) {
+  const auto device = checkTensors(OpKind::kGather, "inputTensors", inputs);
+  return run(OpKind::kGather, device, bytesOf(inputs), flatten(outputs),
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& outputs,
+                                                     std::vector<std::vector<at::Tensor>>& inputs,
+                                                     const c10d::ScatterOptions& opts) {
+  const auto device = checkTensors(OpKind::kScatter, "outputTensors", outputs);
+  return run(OpKind::kScatter, device, bytesOf(outputs), outputs,
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                            std::vector<std::vector<at::Tensor>>& inputs,
+                                                            const c10d::ReduceScatterOptions& opts) {
+  const auto device = checkTensors(OpKind::kReduceScatter, "outputTensors", outputs);
+  return run(OpKind::kReduceScatter, device, bytesOf(flatten(inputs)), outputs,
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                                  const c10d::ReduceScatterOptions& opts) {
+  const auto device = checkTensor(OpKind::kReduceScatterBase, "inputBuffer", input);
+  checkTensor(OpKind::kReduceScatterBase, "outputBuffer", output);
+  return run(OpKind::kReduceScatterBase, device, bytesOf(input), {output},
+             [output, input, opts](c10d::Backend& b) mutable {
+               return b._reduce_scatter_base(output, input, opts);
+             });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(
+    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+  const auto device = checkTensors(OpKind::kReduceScatterTensorCoalesced, "inputs", inputs);
+  checkTensors(OpKind::kReduceScatterTensorCoalesced, "outputs", outputs);
+  return run(OpKind::kReduceScatterTensorCoalesced, device, bytesOf(inputs), outputs,
+             [outputs, inputs, opts](c10d::Backend& b) mutable {
+               return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+             });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
+                                                           std::vector<int64_t>& outputSplitSizes,
+                                                           std::vector<int64_t>& inputSplitSizes,
+                                                           const c10d::AllToAllOptions& opts) {
+  const auto device = checkTensor(OpKind::kAlltoallBase, "inputBuffer", input);
+  checkTensor(OpKind::kAlltoallBase, "outputBuffer", output);
+  return run(OpKind::kAlltoallBase, device, bytesOf(input), {output},
+             [output, input, outputSplitSizes, inputSplitSizes, opts](c10d::Backend& b) mutable {
+               return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+             });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& outputs,
+                                                      std::vector<at::Tensor>& inputs,
+                                                      const c10d::AllToAllOptions& opts) {
+  const auto device = checkTensors(OpKind::kAlltoall, "inputTensors", inputs);
+  checkTensors(OpKind::kAlltoall, "outputTensors", outputs);
+  return run(OpKind::kAlltoall, device, bytesOf(inputs), outputs,
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
+  const auto device = checkTensors(OpKind::kSend, "tensors", tensors);
+  return run(OpKind::kSend, device, bytesOf(tensors), tensors,
+             [tensors, dstRank, tag](c10d::Backend& b) mutable { return b.send(tensors, dstRank, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) {
+  const auto device = checkTensors(OpKind::kRecv, "tensors", tensors);
+  return run(OpKind::kRecv, device, bytesOf(tensors), tensors,
+             [tensors, srcRank, tag](c10d::Backend& b) mutable { return b.recv(tensors, srcRank, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::recvAnysource(std::vector<at::Tensor>& tensors, int tag) {
+  const auto device = checkTensors(OpKind::kRecvAnysource, "tensors", tensors);
+  return run(OpKind::kRecvAnysource, device, bytesOf(tensors), tensors,
+             [tensors, tag](c10d::Backend& b) mutable { return b.recvAnysource(tensors, tag); });
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::barrier(const c10d::BarrierOptions& opts) {
+  // Routed by opts.device (c10d sets it from the group's bound device or the current device); CPU otherwise.
+  c10::Device device(c10::DeviceType::CPU);
+  if (opts.device.has_value() && opts.device->is_cuda() && cudaInner_) {
+    device = *opts.device;
+  } else if (!cpuInner_ && cudaInner_) {
+    device = opts.device.has_value() ? *opts.device : c10::Device(c10::DeviceType::CUDA, 0);
+  }
+  return run(OpKind::kBarrier, device, 0, {}, [opts](c10d::Backend& b) { return b.barrier(opts); });
+}
+
+void DelayBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
+  TORCH_CHECK(cpuInner_, "Backend delaycomm does not support monitoredBarrier in a group without Gloo");
+  stats_->op(OpKind::kBarrier).calls.fetch_add(1, std::memory_order_relaxed);
+  const auto t0 = Clock::now();
+  cpuInner_->monitoredBarrier(opts, waitAllRanks);
+  stats_->op(OpKind::kBarrier)
+      .latencyNs.record(static_cast<double>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Coalescing, sequence numbers, lifecycle
+
+void DelayBackend::startCoalescing() {
+  TORCH_CHECK(!coalescing_, "delaycomm: startCoalescing: a coalescing window is already open (nested windows are "
+                            "not supported, as in c10d)");
+  coalescing_ = true;
+  coalescedWorks_.clear();
+  coalescingInners_.clear();
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::endCoalescing() {
+  TORCH_CHECK(coalescing_, "delaycomm: endCoalescing: no coalescing window is open (call startCoalescing first)");
+  coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> works = std::move(coalescedWorks_);
+  coalescedWorks_.clear();
+  for (auto* inner : coalescingInners_) {
+    if (auto w = inner->endCoalescing()) {
+      works.push_back(std::move(w));
+    }
+  }
+  coalescingInners_.clear();
+  return c10::make_intrusive<CoalescedWork>(std::move(works));
+}
+
+void DelayBackend::setSequenceNumberForGroup() {
+  seq_.store(0);
+}
+
+uint64_t DelayBackend::getSequenceNumberForGroup() {
+  return seq_.load();
+}
+
+void DelayBackend::abort() {
+  if (cpuInner_) {
+    cpuInner_->abort();
+  }
+  if (cudaInner_) {
+    cudaInner_->abort();
+  }
+}
+
+void DelayBackend::setShutdownHook(std::function<void()> hook) {
+  std::lock_guard<std::mutex> lock(hookMutex_);
+  shutdownHook_ = std::move(hook);
+}
+
+void DelayBackend::shutdown() {
+  std::function<void()> hook;
+  {
+    std::lock_guard<std::mutex> lock(hookMutex_);
+    hook = std::move(shutdownHook_);
+    shutdownHook_ = nullptr;
+  }
+  if (hook) {
+    try {
+      hook();
+    } catch (const std::exception& e) {
+      LOG(WARNING) << "delaycomm: the shutdown hook of group " << options_.groupName << " failed: " << e.what();
+    }
+  }
+  if (cpuInner_) {
+    cpuInner_->shutdown();
+  }
+  if (cudaInner_) {
+    cudaInner_->shutdown();
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Telemetry
+
+void DelayBackend::recordCudaPair(OpKind op, c10::Event start, c10::Event end) {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  cudaPending_.push_back(CudaPair{op, std::move(start), std::move(end)});
+}
+
+void DelayBackend::harvestCudaTimings() {
+  std::lock_guard<std::mutex> lock(cudaMutex_);
+  // Events complete in stream order per stream; stop at the first that has not (never block).
+  while (!cudaPending_.empty() && cudaPending_.front().end.query()) {
+    auto& p = cudaPending_.front();
+    const double ms = p.start.elapsedTime(p.end);
+    stats_->op(p.op).latencyNs.record(ms * 1e6);
+    cudaPending_.pop_front();
+  }
+}
+
+void DelayBackend::resetStats() {
+  harvestCudaTimings();
+  stats_->reset();
+}
+
+}  // namespace delaycomm

@@ -1,0 +1,144 @@
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <c10/core/Event.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+
+#include "backend/DelayWork.hpp"
+#include "stats/OpStats.hpp"
+
+namespace delaycomm {
+
+// Construction-time settings of a DelayBackend that C++ needs. The Python side validates the user's options
+// (delaycomm.DelayConfig) and fills this.
+struct BackendOptions {
+  std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+  std::string groupName;
+  bool timeCuda = true;  // record CUDA events around GPU collectives (no host sync; harvested lazily)
+};
+
+// DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
+// Python (ProcessGroupGloo for CPU tensors, ProcessGroupNCCL for CUDA tensors) and measures each op.
+//
+// Contracts (as c10d's):
+//  - Ordering: collectives must be called in the same order on every rank of the group; a DelayBackend issues
+//    them to its inner backends in call order, so the inner groups see the same sequence on every rank.
+//  - Threads: ops may be called from several threads; sequence numbers are assigned atomically at the call.
+//  - Streams (CUDA): ops are issued at once on the inner NCCL backend's streams; nothing blocks the host.
+//  - Ownership: the works the inner backends return keep their tensors alive; DelayWork keeps the inner work.
+//  - Unsupported ops fail with "Backend delaycomm does not support <op> ...".
+class DelayBackend : public c10d::Backend {
+ public:
+  DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
+               c10::intrusive_ptr<c10d::Backend> cudaInner, BackendOptions options);
+  ~DelayBackend() override;
+
+  const std::string getBackendName() const override { return "delaycomm"; }
+  c10::intrusive_ptr<Options> getBackendOptions() override;
+  bool supportsSplitting() const override { return false; }
+  bool supportsCoalescing() const override { return true; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_sparse(std::vector<at::Tensor>& tensors,
+                                                  const c10d::AllreduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(std::vector<at::Tensor>& tensors,
+                                                     const c10d::AllreduceCoalescedOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
+                                                     std::vector<at::Tensor>& inputs,
+                                                     const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::AllgatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(at::Tensor& output, at::Tensor& input,
+                                                      const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                 std::vector<at::Tensor>& inputs,
+                                                                 const c10d::ReduceScatterOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& outputSplitSizes,
+                                               std::vector<int64_t>& inputSplitSizes,
+                                               const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank, int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override;
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) override;
+
+  void startCoalescing() override;
+  c10::intrusive_ptr<c10d::Work> endCoalescing() override;
+
+  void setSequenceNumberForGroup() override;
+  uint64_t getSequenceNumberForGroup() override;
+
+  void abort() override;
+  void shutdown() override;
+
+  // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
+  void harvestCudaTimings();
+  GroupStats& stats() { return *stats_; }
+  void resetStats();
+  const BackendOptions& options() const { return options_; }
+  c10::intrusive_ptr<c10d::Backend> innerBackend(c10::DeviceType type) const;
+  // Runs once, at the start of shutdown() (destroy_process_group); e.g. writes the stats file.
+  void setShutdownHook(std::function<void()> hook);
+
+ private:
+  using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
+
+  // Routes one op: picks the inner backend for `device`, counts it, issues it and wraps the inner work.
+  c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes, std::vector<at::Tensor> outputs,
+                                     IssueFn issue);
+  c10d::Backend& innerFor(OpKind op, c10::Device device);
+  void recordCudaPair(OpKind op, c10::Event start, c10::Event end);
+
+  const c10::intrusive_ptr<c10d::Backend> cpuInner_;
+  const c10::intrusive_ptr<c10d::Backend> cudaInner_;
+  const BackendOptions options_;
+  const std::shared_ptr<GroupStats> stats_;
+  std::atomic<uint64_t> seq_{0};
+  std::mutex hookMutex_;
+  std::function<void()> shutdownHook_;
+
+  // Coalescing window (c10d calls start/end from the thread that issues the window's ops).
+  bool coalescing_ = false;
+  std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;
+  std::vector<c10d::Backend*> coalescingInners_;
+
+  struct CudaPair {
+    OpKind op;
+    c10::Event start;
+    c10::Event end;
+  };
+  std::mutex cudaMutex_;
+  std::deque<CudaPair> cudaPending_;
+};
+
+}  // namespace delaycomm

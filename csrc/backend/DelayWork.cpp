@@ -1,0 +1,341 @@
+#include "backend/DelayWork.hpp"
+
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+
+namespace delaycomm {
+
+namespace {
+
+c10d::OpType opTypeOf(OpKind op) {
+  using c10d::OpType;
+  switch (op) {
+    case OpKind::kBroadcast: return OpType::BROADCAST;
+    case OpKind::kAllreduce: return OpType::ALLREDUCE;
+    case OpKind::kAllreduceCoalesced: return OpType::ALLREDUCE_COALESCED;
+    case OpKind::kReduce: return OpType::REDUCE;
+    case OpKind::kAllgather: return OpType::ALLGATHER;
+    case OpKind::kAllgatherBase: return OpType::_ALLGATHER_BASE;
+    case OpKind::kAllgatherCoalesced: return OpType::ALLGATHER_COALESCED;
+    case OpKind::kAllgatherIntoTensorCoalesced: return OpType::COALESCED;
+    case OpKind::kGather: return OpType::GATHER;
+    case OpKind::kScatter: return OpType::SCATTER;
+    case OpKind::kReduceScatter: return OpType::REDUCE_SCATTER;
+    case OpKind::kReduceScatterBase: return OpType::_REDUCE_SCATTER_BASE;
+    case OpKind::kReduceScatterTensorCoalesced: return OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+    case OpKind::kAlltoallBase: return OpType::ALLTOALL_BASE;
+    case OpKind::kAlltoall: return OpType::ALLTOALL;
+    case OpKind::kSend: return OpType::SEND;
+    case OpKind::kRecv: return OpType::RECV;
+    case OpKind::kRecvAnysource: return OpType::RECVANYSOURCE;
+    case OpKind::kBarrier: return OpType::BARRIER;
+    case OpKind::kCoalesced: return OpType::COALESCED;
+    case OpKind::kCount: break;
+  }
+  return OpType::UNKNOWN;
+}
+
+double nsSince(Clock::time_point t0) {
+  return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------------------------
+// DelayWorkCpu
+
+DelayWorkCpu::DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
+                           std::vector<at::Tensor> outputs)
+    : c10d::Work(-1, opTypeOf(op)),
+      op_(op),
+      seq_(seq),
+      stats_(std::move(stats)),
+      issuedAt_(issuedAt),
+      outputs_(std::move(outputs)),
+      future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
+
+DelayWorkCpu::~DelayWorkCpu() = default;
+
+void DelayWorkCpu::attach(c10::intrusive_ptr<c10d::Work> inner) {
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
+  try {
+    innerFuture = inner->getFuture();
+  } catch (const std::exception&) {
+    // Gloo's send/recv works have no future: they are timed in wait().
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    TORCH_INTERNAL_ASSERT(!attached_, "delaycomm: a work was attached twice");
+    inner_ = std::move(inner);
+    innerHasFuture_ = static_cast<bool>(innerFuture);
+    attached_ = true;
+  }
+  attachedCv_.notify_all();
+  if (innerFuture) {
+    // NOTE: the callback owns a reference to this work; the cycle (inner future -> callback -> this -> inner) is
+    // broken when the future completes and drops its callbacks.
+    auto self = c10::intrusive_ptr<DelayWorkCpu>::reclaim_copy(this);
+    innerFuture->addCallback([self](c10::ivalue::Future& f) {
+      if (f.hasError()) {
+        self->recordCompletion(false);
+        self->future_->setErrorIfNeeded(f.exception_ptr());
+      } else {
+        self->recordCompletion(true);
+        self->future_->markCompleted(f.value());
+      }
+    });
+  }
+}
+
+void DelayWorkCpu::fail(std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error_ = error;
+    attached_ = true;
+  }
+  attachedCv_.notify_all();
+  recordCompletion(false);
+  future_->setErrorIfNeeded(error);
+}
+
+bool DelayWorkCpu::waitAttached(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (timeout == kNoTimeout) {
+    attachedCv_.wait(lock, [this] { return attached_; });
+    return true;
+  }
+  return attachedCv_.wait_for(lock, timeout, [this] { return attached_; });
+}
+
+void DelayWorkCpu::recordCompletion(bool ok) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (recorded_) {
+      return;
+    }
+    recorded_ = true;
+  }
+  auto& s = stats_->op(op_);
+  s.latencyNs.record(nsSince(issuedAt_));
+  if (!ok) {
+    s.errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool DelayWorkCpu::isCompleted() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) {
+    return true;
+  }
+  return attached_ && inner_->isCompleted();
+}
+
+bool DelayWorkCpu::isSuccess() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_ || !attached_) {
+    return false;
+  }
+  return inner_->isSuccess();
+}
+
+std::exception_ptr DelayWorkCpu::exception() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) {
+    return error_;
+  }
+  return attached_ ? inner_->exception() : nullptr;
+}
+
+int DelayWorkCpu::sourceRank() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(attached_ && inner_, "delaycomm: ", opName(op_), ": sourceRank() is known once the op completed");
+  return inner_->sourceRank();
+}
+
+std::vector<at::Tensor> DelayWorkCpu::result() {
+  waitAttached(kNoTimeout);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (error_) {
+    std::rethrow_exception(error_);
+  }
+  return inner_->result();
+}
+
+void DelayWorkCpu::synchronize() {
+  // CPU ops have nothing to synchronise with a stream.
+}
+
+bool DelayWorkCpu::wait(std::chrono::milliseconds timeout) {
+  const auto start = Clock::now();
+  if (!waitAttached(timeout)) {
+    TORCH_CHECK(false, "delaycomm: ", opName(op_), " (sequence number ", seq_,
+                ") was not issued to the inner backend within the wait timeout of ", timeout.count(), " ms");
+  }
+  c10::intrusive_ptr<c10d::Work> inner;
+  bool innerHasFuture = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (error_) {
+      std::rethrow_exception(error_);
+    }
+    inner = inner_;
+    innerHasFuture = innerHasFuture_;
+  }
+  auto left = timeout;
+  if (timeout != kNoTimeout) {
+    left -= std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+    left = std::max(left, std::chrono::milliseconds(1));
+  }
+  bool ok = false;
+  try {
+    ok = inner->wait(left);
+  } catch (...) {
+    recordCompletion(false);
+    throw;
+  }
+  if (!innerHasFuture) {
+    recordCompletion(ok);
+    if (ok && !future_->completed()) {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+  return ok;
+}
+
+void DelayWorkCpu::abort() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (inner_) {
+    inner_->abort();
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> DelayWorkCpu::getFuture() {
+  return future_;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// DelayWorkCuda
+
+DelayWorkCuda::DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq,
+                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device,
+                             Harvest harvest)
+    : c10d::Work(-1, opTypeOf(op)),
+      inner_(std::move(inner)),
+      op_(op),
+      seq_(seq),
+      stats_(std::move(stats)),
+      start_(std::move(start)),
+      device_(device),
+      harvest_(std::move(harvest)) {}
+
+DelayWorkCuda::~DelayWorkCuda() {
+  if (!timed_) {
+    stats_->op(op_).untimed.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+void DelayWorkCuda::recordEnd() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (timed_ || !start_) {
+    timed_ = true;
+    return;
+  }
+  timed_ = true;
+  c10::Event end(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
+  c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
+  end.record(impl.getStream(device_));
+  harvest_(op_, std::move(*start_), std::move(end));
+  start_.reset();
+}
+
+void DelayWorkCuda::synchronize() {
+  inner_->synchronize();
+  recordEnd();
+}
+
+bool DelayWorkCuda::wait(std::chrono::milliseconds timeout) {
+  const bool ok = inner_->wait(timeout);
+  recordEnd();
+  return ok;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// CoalescedWork
+
+CoalescedWork::CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works)
+    : c10d::Work(-1, c10d::OpType::COALESCED), works_(std::move(works)) {}
+
+bool CoalescedWork::isCompleted() {
+  for (auto& w : works_) {
+    if (!w->isCompleted()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+bool CoalescedWork::isSuccess() const {
+  for (auto& w : works_) {
+    if (!w->isSuccess()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+std::exception_ptr CoalescedWork::exception() const {
+  for (auto& w : works_) {
+    if (auto e = w->exception()) {
+      return e;
+    }
+  }
+  return nullptr;
+}
+
+void CoalescedWork::synchronize() {
+  for (auto& w : works_) {
+    w->synchronize();
+  }
+}
+
+bool CoalescedWork::wait(std::chrono::milliseconds timeout) {
+  bool ok = true;
+  for (auto& w : works_) {
+    ok = w->wait(timeout) && ok;
+  }
+  return ok;
+}
+
+void CoalescedWork::abort() {
+  for (auto& w : works_) {
+    w->abort();
+  }
+}
+
+c10::intrusive_ptr<c10::ivalue::Future> CoalescedWork::getFuture() {
+  if (works_.size() == 1) {
+    return works_[0]->getFuture();
+  }
+  c10::List<c10::intrusive_ptr<c10::ivalue::Future>> futures(
+      c10::FutureType::create(c10::ListType::create(c10::TensorType::get())));
+  for (auto& w : works_) {
+    futures.push_back(w->getFuture());
+  }
+  // Completes with the concatenation of every member's output tensors.
+  return c10::collectAll(futures)->then(
+      [](c10::ivalue::Future& all) {
+        std::vector<at::Tensor> out;
+        for (const auto& f : all.value().toList()) {
+          const auto& v = f.get().toFuture()->value();
+          if (v.isTensorList()) {
+            for (const auto& t : v.toTensorVector()) {
+              out.push_back(t);
+            }
+          }
+        }
+        return c10::IValue(out);
+      },
+      c10::ListType::create(c10::TensorType::get()));
+}
+
+}  // namespace delaycomm

@@ -1,0 +1,129 @@
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <vector>
+
+#include <ATen/core/ivalue.h>
+#include <c10/core/Event.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "stats/OpStats.hpp"
+
+namespace delaycomm {
+
+using Clock = std::chrono::steady_clock;
+
+// The Work a DelayBackend hands to its caller for a CPU op.
+//
+// Phases (as c10d's Works): the backend checks inputs and creates this Work at once; the inner Work is attached
+// when the op is issued to the inner backend, which may be later (an issuer thread holds delayed ops back, in
+// call order); wait() blocks until the inner op is attached, then waits on it (its errors and timeouts surface
+// here unchanged). The own future completes with the inner future's value (the output tensors) or its error.
+//
+// Inner works without a future (Gloo's send/recv) are timed when wait() returns, and getFuture() reports that
+// the op has none, exactly as the inner backend would.
+//
+// Threads: attach()/fail() are called once, from the issuing thread; every other method from any thread.
+class DelayWorkCpu : public c10d::Work {
+ public:
+  DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
+               std::vector<at::Tensor> outputs);
+  ~DelayWorkCpu() override;
+
+  // Hand over the inner work (once). Completion of the inner future completes this work's future.
+  void attach(c10::intrusive_ptr<c10d::Work> inner);
+  // The op could not be issued (the inner backend threw): the error reaches wait() and the future.
+  void fail(std::exception_ptr error);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  int sourceRank() const override;
+  std::vector<at::Tensor> result() override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void abort() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  // Waits until attach() or fail() ran; false on timeout.
+  bool waitAttached(std::chrono::milliseconds timeout);
+  void recordCompletion(bool ok);
+
+  const OpKind op_;
+  const uint64_t seq_;
+  const std::shared_ptr<GroupStats> stats_;
+  const Clock::time_point issuedAt_;
+  const std::vector<at::Tensor> outputs_;  // keeps the caller's outputs alive until completion
+
+  mutable std::mutex mutex_;
+  std::condition_variable attachedCv_;
+  bool attached_ = false;
+  bool recorded_ = false;
+  bool innerHasFuture_ = false;
+  c10::intrusive_ptr<c10d::Work> inner_;
+  std::exception_ptr error_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+// The Work for a CUDA op: the inner (NCCL) work is issued at once, stream-ordered; this wrapper only adds
+// timing. A start event is recorded on the current stream before the op was issued; the end event is recorded
+// on the current stream when the caller synchronises with the op (wait()/synchronize()), i.e. right after the
+// current stream was made to wait for the collective. Both are harvested lazily by the backend's CudaTimer, so
+// the hot path never blocks the host.
+class DelayWorkCuda : public c10d::Work {
+ public:
+  using Harvest = std::function<void(OpKind, c10::Event, c10::Event)>;
+
+  DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats,
+                std::optional<c10::Event> start, c10::Device device, Harvest harvest);
+  ~DelayWorkCuda() override;
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  void recordEnd();
+
+  c10::intrusive_ptr<c10d::Work> inner_;
+  const OpKind op_;
+  const uint64_t seq_;
+  const std::shared_ptr<GroupStats> stats_;
+  std::optional<c10::Event> start_;
+  const c10::Device device_;
+  Harvest harvest_;
+  std::mutex mutex_;
+  bool timed_ = false;
+};
+
+// A group of works issued inside one coalescing window (startCoalescing()/endCoalescing()): complete when all
+// are. Inner backends that coalesce themselves (NCCL) contribute their one end-of-window work.
+class CoalescedWork : public c10d::Work {
+ public:
+  explicit CoalescedWork(std::vector<c10::intrusive_ptr<c10d::Work>> works);
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  void synchronize() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void abort() override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+
+ private:
+  std::vector<c10::intrusive_ptr<c10d::Work>> works_;
+};
+
+}  // namespace delaycomm

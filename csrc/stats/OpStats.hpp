@@ -1,0 +1,79 @@
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "stats/Histogram.hpp"
+
+namespace delaycomm {
+
+// Every operation a DelayBackend forwards, with the names c10d's Python API uses for them.
+enum class OpKind : int {
+  kBroadcast = 0,
+  kAllreduce,
+  kAllreduceCoalesced,
+  kReduce,
+  kAllgather,
+  kAllgatherBase,
+  kAllgatherCoalesced,
+  kAllgatherIntoTensorCoalesced,
+  kGather,
+  kScatter,
+  kReduceScatter,
+  kReduceScatterBase,
+  kReduceScatterTensorCoalesced,
+  kAlltoallBase,
+  kAlltoall,
+  kSend,
+  kRecv,
+  kRecvAnysource,
+  kBarrier,
+  kCoalesced,
+  kCount  // not an op
+};
+
+constexpr int kNumOpKinds = static_cast<int>(OpKind::kCount);
+
+const char* opName(OpKind op);
+// Inverse of opName; returns false when the name is unknown.
+bool opFromName(const std::string& name, OpKind* out);
+
+// Telemetry of one op type in one group. All members are updated lock-free from any thread.
+struct OpStats {
+  std::atomic<uint64_t> calls{0};
+  std::atomic<uint64_t> bytes{0};
+  std::atomic<uint64_t> delayedCalls{0};
+  std::atomic<uint64_t> errors{0};
+  std::atomic<uint64_t> untimed{0};  // GPU works destroyed before anyone waited on them
+  LogHistogram latencyNs;            // issue to completion
+  LogHistogram delayNs;              // injected delay of the delayed calls
+  void reset();
+};
+
+// Staleness telemetry of one group (SSP engine): arrivals, drops and how late they were.
+struct StalenessStats {
+  std::atomic<uint64_t> steps{0};
+  std::atomic<uint64_t> fresh{0};
+  std::atomic<uint64_t> stale{0};
+  std::atomic<uint64_t> dropped{0};
+  std::atomic<uint64_t> blockedNs{0};
+  LogHistogram stalenessSteps;  // staleness (in steps) of each stale arrival
+  void reset();
+};
+
+class GroupStats {
+ public:
+  OpStats& op(OpKind kind) { return ops_[static_cast<int>(kind)]; }
+  const OpStats& op(OpKind kind) const { return ops_[static_cast<int>(kind)]; }
+  StalenessStats& staleness() { return staleness_; }
+  const StalenessStats& staleness() const { return staleness_; }
+  void reset();
+
+ private:
+  std::array<OpStats, kNumOpKinds> ops_;
+  StalenessStats staleness_;
+};
+
+}  // namespace delaycomm

@@ -1,0 +1,29 @@
+"""delaycomm: a torch.distributed backend for training and testing under communication delay.
+
+``import delaycomm`` registers ``backend="delaycomm"`` (so does ``import torch`` alone, through the
+``torch.backends`` entry point). Gloo serves CPU tensors, NCCL CUDA tensors; every collective is measured.
+"""
+
+from __future__ import annotations
+
+import torch.distributed  # noqa: F401  (registers the c10d classes that _C derives from)
+
+from delaycomm import _C
+from delaycomm._backend import nccl_settings, register
+from delaycomm._config import DelayConfig, configure, resolve
+from delaycomm._stats import report, reset_stats, stats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DelayConfig",
+    "configure",
+    "resolve",
+    "nccl_settings",
+    "stats",
+    "reset_stats",
+    "report",
+    "__version__",
+]
+
+register()

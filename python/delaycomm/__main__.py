@@ -1,0 +1,49 @@
+"""``python -m delaycomm config``: show the effective configuration (and where each value came from)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    from delaycomm._config import OPTIONS, format_value
+
+    epilog = "options (keyword / environment variable / default):\n" + "\n".join(
+        f"  {o.name:<15} {o.env:<26} {str(o.default):<16} {o.help}" for o in OPTIONS
+    )
+    parser = argparse.ArgumentParser(
+        prog="python -m delaycomm", description="delaycomm command line",
+        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("config", help="show the effective configuration", epilog=epilog,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    args = parser.parse_args(argv)
+
+    import delaycomm
+
+    try:
+        cfg = delaycomm.resolve()
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    nccl = delaycomm.nccl_settings()
+    if args.json:
+        print(json.dumps({"config": cfg.as_dict(), "sources": cfg.sources, "nccl": nccl}, indent=2))
+        return 0
+    print(f"# delaycomm {delaycomm.__version__} (CUDA sources compiled: {delaycomm._C.cuda_compiled})")
+    print(f"# {'option':<15} {'value':<28} source")
+    for o in OPTIONS:
+        v = format_value(o.name, cfg.values[o.name])
+        print(f"  {o.name:<15} {str(v):<28} {cfg.sources[o.name]}")
+    for var in ("NCCL_ALGO", "NCCL_BUFFSIZE"):
+        print(f"  {var:<15} {str(nccl[var]['value']):<28} {nccl[var]['source']}")
+    print(f"  {'nccl_version':<15} {str(nccl['nccl_version']):<28}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
