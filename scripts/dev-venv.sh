@@ -9,5 +9,6 @@ python3 -m venv "$here/.venv"
 site=$("$here/.venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 basesite=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 echo "$basesite" > "$site/_base_venv.pth"
-ln -sf "$base/bin/cmake" "$base/bin/ninja" "$base/bin/pytest" "$base/bin/torchrun" "$here/.venv/bin/" 2>/dev/null || true
+ln -sf "$base/bin/cmake" "$base/bin/ninja" "$here/.venv/bin/"
+# Run tools as modules of this venv: .venv/bin/python -m pytest, .venv/bin/python -m torch.distributed.run
 cd "$here" && "$here/.venv/bin/python" -m pip install -q --no-build-isolation --no-deps -e .
