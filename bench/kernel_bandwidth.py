@@ -10,6 +10,9 @@ machine slows all three alike:
 - ``unfused``: the cheapest torch op sequence for the same blend, in place: ``stash.copy_(grad)``,
   ``grad.mul_(a)``, ``grad.add_(stale_i, alpha=b_i)`` per stale tensor. For bfloat16/float16 it rounds after every
   op (the kernel rounds once), so it is the less precise and the faster baseline of the two that torch offers.
+- ``unfused_acc``: the torch op sequence with the kernel's precision: for bfloat16/float16 it accumulates in a
+  float32 copy (``g.float().mul_(a)``, ``add_(stale_i.float(), alpha=b_i)``, ``g.copy_(acc)``); for
+  float32/float64 it is ``unfused``.
 - ``copy``: ``dst.copy_(src)`` moving as many bytes (read + written) as the fused kernel does.
 
 The bytes the fused kernel must move (docs/kernels.md): grad read once and written once, each stale tensor read
@@ -69,19 +72,37 @@ def fused(case: Case) -> None:
 
 
 def unfused(case: Case) -> None:
+    unfused_inplace(case, stash=True)
+
+
+def unfused_inplace(case: Case, stash: bool) -> None:
     g = case.grad
-    if case.stash is not None:
+    if stash and case.stash is not None:
         case.stash.copy_(g)
     g.mul_(FRESH_SCALE)
     for s, b in zip(case.stale, case.scales):
         g.add_(s, alpha=b)
 
 
+def unfused_acc(case: Case) -> None:
+    g = case.grad
+    if case.stash is not None:
+        case.stash.copy_(g)
+    if g.dtype in (torch.float32, torch.float64):
+        unfused_inplace(case, stash=False)
+        return
+    acc = g.float().mul_(FRESH_SCALE)
+    for s, b in zip(case.stale, case.scales):
+        acc.add_(s.float(), alpha=b)
+    g.copy_(acc)
+
+
 def copy(case: Case) -> None:
     case.dst.copy_(case.src)
 
 
-IMPLS: dict[str, Callable[[Case], None]] = {"fused": fused, "unfused": unfused, "copy": copy}
+IMPLS: dict[str, Callable[[Case], None]] = {"fused": fused, "unfused": unfused, "unfused_acc": unfused_acc,
+                                             "copy": copy}
 
 
 def bytes_moved(numel: int, element_size: int, stale: int, stash: bool) -> int:
@@ -158,12 +179,14 @@ COLUMNS = [
     ("moved_bytes", "moved", "B", "{}"),
     ("fused_p50_us", "fused", "us", "{:.1f}"),
     ("unfused_p50_us", "unfused", "us", "{:.1f}"),
+    ("unfused_acc_p50_us", "unf_acc", "us", "{:.1f}"),
     ("copy_p50_us", "copy", "us", "{:.1f}"),
     ("fused_GBps", "fused", "GB/s", "{:.1f}"),
     ("unfused_GBps", "unfused", "GB/s", "{:.1f}"),
     ("copy_GBps", "copy", "GB/s", "{:.1f}"),
     ("fused_over_copy", "fused/copy", "", "{:.2f}"),
     ("unfused_over_fused", "unfused/fused", "", "{:.2f}"),
+    ("unfused_acc_over_fused", "unf_acc/fused", "", "{:.2f}"),
 ]
 
 
@@ -185,6 +208,7 @@ def summarize(size_bytes: int, dtype: str, stale: int, stash: bool, moved: int, 
         row[f"{name}_GBps"] = moved / (row[f"{name}_p50_us"] * 1e-6) / 1e9
     row["fused_over_copy"] = row["fused_GBps"] / row["copy_GBps"]
     row["unfused_over_fused"] = row["unfused_p50_us"] / row["fused_p50_us"]
+    row["unfused_acc_over_fused"] = row["unfused_acc_p50_us"] / row["fused_p50_us"]
     row["noisy"] = [name for name in samples if row[f"{name}_p90_us"] > (1 + NOISE_WARN) * row[f"{name}_p50_us"]]
     return row
 
