@@ -9,6 +9,7 @@
 #include <torch/python.h>
 
 #include "backend/DelayBackend.hpp"
+#include "kernels/Blend.hpp"
 #include "stats/Histogram.hpp"
 #include "stats/OpStats.hpp"
 
@@ -143,4 +144,20 @@ PYBIND11_MODULE(_C, m) {
       .def("quantile", [](const LogHistogram& h, double q) { return h.snapshot().quantile(q); }, py::arg("q"))
       .def("summary", [](const LogHistogram& h) { return summarize(h, 1.0, ""); })
       .def("reset", &LogHistogram::reset);
+
+  // ---- kernels: the fused pack/blend kernel of the staleness engine (csrc/kernels/Blend.hpp) ------------------
+  m.def(
+      "_fused_blend",
+      [](at::Tensor grad, double freshScale, const std::vector<at::Tensor>& stale,
+         const std::vector<double>& staleScales, const std::optional<at::Tensor>& stash) {
+        kernels::fusedBlend(grad, freshScale, stale, staleScales, stash);
+      },
+      py::arg("grad"), py::arg("fresh_scale"), py::arg("stale"), py::arg("stale_scales"),
+      py::arg("stash") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      "In place: stash = grad (if given), then grad = fresh_scale * grad + sum_i stale_scales[i] * stale[i], in one "
+      "pass (see csrc/kernels/Blend.hpp). For tests and benchmarks; the staleness engine calls it from C++.");
+  m.def("_blend_cpu_isa", &kernels::detail::blendCpuIsa, "The CPU blend loops' instruction set: 'avx2' or 'baseline'.");
+  m.def("_set_blend_cpu_isa", &kernels::detail::setBlendCpuIsa, py::arg("isa"),
+        "Force the CPU blend loops' instruction set: 'auto', 'baseline' or 'avx2' (tests and benchmarks).");
+  // ---- end kernels ------------------------------------------------------------------------------------------------
 }

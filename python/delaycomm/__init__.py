@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch.distributed  # noqa: F401  (registers the c10d classes that _C derives from)
 
-from delaycomm import _C
+from delaycomm import _C, schedule  # noqa: F401  (delaycomm.schedule.EpochWarmup)
 from delaycomm._backend import nccl_settings, register
 from delaycomm._config import DelayConfig, configure, resolve
 from delaycomm._stats import report, reset_stats, stats
