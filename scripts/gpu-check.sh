@@ -10,8 +10,8 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, torch.cuda.get_device_name(0))"
 t0=$(date +%s)
 if ! python3 -m pip install -q --no-build-isolation --no-deps -t /tmp/dcpkg \
-    -C cmake.define.CMAKE_CUDA_COMPILER="$nvcc" . > "$out/build.log" 2>&1; then
-  grep -E "error|Error" "$out/build.log" | head -40
+    -C cmake.define.CMAKE_CUDA_COMPILER="$nvcc" -C build.tool-args=-k0 . > "$out/build.log" 2>&1; then
+  grep -E "error:" "$out/build.log" | head -40
   exit 1
 fi
 echo "build: $(( $(date +%s) - t0 )) s"

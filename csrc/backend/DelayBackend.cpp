@@ -188,7 +188,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKin
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, int64_t bytes,
-                                                 std::vector<at::Tensor> outputs, IssueFn issue) {
+                                                 std::vector<at::Tensor> outputs, IssueFn issue, bool asyncOp) {
   c10d::Backend& inner = innerFor(op, device);
   const bool slow = options_.slowdown > 1.0;
   if (slow) {
@@ -233,7 +233,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (networkDelayNs > 0) {
 #ifdef DELAYCOMM_WITH_CUDA
-      issueWithGpuDelay(device, networkDelayNs, [&] { innerWork = issueOn(inner, op, device, issue, true); });
+      issueWithGpuDelay(device, networkDelayNs, /*joinCurrentStream=*/!asyncOp,
+                        [&] { innerWork = issueOn(inner, op, device, issue, true); });
 #else
       TORCH_CHECK(false, "delaycomm: ", opName(op), ": network delay on cuda tensors needs the GPU sleep kernel, "
                   "and this build of delaycomm has no CUDA sources (rebuild with nvcc, or use delay_where=host)");
@@ -304,7 +305,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::broadcast(std::vector<at::Tensor>& 
                                                        const c10d::BroadcastOptions& opts) {
   const auto device = checkTensors(OpKind::kBroadcast, "tensors", tensors);
   return run(OpKind::kBroadcast, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -312,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -320,21 +321,21 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Te
   const bool cpuSparse = !tensors.empty() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
   const auto device = checkTensors(OpKind::kAllreduceCoalesced, "tensors", tensors);
   return run(OpKind::kAllreduceCoalesced, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
   const auto device = checkTensors(OpKind::kReduce, "tensors", tensors);
   return run(OpKind::kReduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -343,7 +344,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<a
   const auto device = checkTensors(OpKind::kAllgather, "inputTensors", inputs);
   checkTensors(OpKind::kAllgather, "outputTensors", flatten(outputs));
   return run(OpKind::kAllgather, device, bytesOf(inputs), flatten(outputs),
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -351,7 +352,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output,
   const auto device = checkTensor(OpKind::kAllgatherBase, "inputBuffer", input);
   checkTensor(OpKind::kAllgatherBase, "outputBuffer", output);
   return run(OpKind::kAllgatherBase, device, bytesOf(input), {output},
-             [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); });
+             [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -361,7 +362,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std
   return run(OpKind::kAllgatherCoalesced, device, bytesOf(inputs), flatten(outputs),
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.allgather_coalesced(outputs, inputs, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -372,7 +373,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std
   return run(OpKind::kAllgatherIntoTensorCoalesced, device, bytesOf(inputs), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -380,7 +381,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::
                                                     const c10d::GatherOptions& opts) {
   const auto device = checkTensors(OpKind::kGather, "inputTensors", inputs);
   return run(OpKind::kGather, device, bytesOf(inputs), flatten(outputs),
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -388,7 +389,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& ou
                                                      const c10d::ScatterOptions& opts) {
   const auto device = checkTensors(OpKind::kScatter, "outputTensors", outputs);
   return run(OpKind::kScatter, device, bytesOf(outputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -396,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tens
                                                             const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensors(OpKind::kReduceScatter, "outputTensors", outputs);
   return run(OpKind::kReduceScatter, device, bytesOf(flatten(inputs)), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -406,7 +407,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
   return run(OpKind::kReduceScatterBase, device, bytesOf(input), {output},
              [output, input, opts](c10d::Backend& b) mutable {
                return b._reduce_scatter_base(output, input, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(
@@ -416,7 +417,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(
   return run(OpKind::kReduceScatterTensorCoalesced, device, bytesOf(inputs), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -428,7 +429,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, a
   return run(OpKind::kAlltoallBase, device, bytesOf(input), {output},
              [output, input, outputSplitSizes, inputSplitSizes, opts](c10d::Backend& b) mutable {
                return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -437,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& o
   const auto device = checkTensors(OpKind::kAlltoall, "inputTensors", inputs);
   checkTensors(OpKind::kAlltoall, "outputTensors", outputs);
   return run(OpKind::kAlltoall, device, bytesOf(inputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -466,7 +467,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::barrier(const c10d::BarrierOptions&
   } else if (!cpuInner_ && cudaInner_) {
     device = opts.device.has_value() ? *opts.device : c10::Device(c10::DeviceType::CUDA, 0);
   }
-  return run(OpKind::kBarrier, device, 0, {}, [opts](c10d::Backend& b) { return b.barrier(opts); });
+  return run(OpKind::kBarrier, device, 0, {}, [opts](c10d::Backend& b) { return b.barrier(opts); }, opts.asyncOp);
 }
 
 void DelayBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {

@@ -140,8 +140,10 @@ class DelayBackend : public c10d::Backend {
   using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
 
   // Routes one op: picks the inner backend for `device`, counts it, issues it and wraps the inner work.
+  // asyncOp: the c10d option of that name (false: the inner NCCL op may run on the current stream, so a GPU
+  // delay must then be joined back into it).
   c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes, std::vector<at::Tensor> outputs,
-                                     IssueFn issue);
+                                     IssueFn issue, bool asyncOp = true);
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,

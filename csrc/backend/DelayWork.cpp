@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 namespace delaycomm {
 
@@ -22,7 +23,12 @@ c10d::OpType opTypeOf(OpKind op) {
     case OpKind::kScatter: return OpType::SCATTER;
     case OpKind::kReduceScatter: return OpType::REDUCE_SCATTER;
     case OpKind::kReduceScatterBase: return OpType::_REDUCE_SCATTER_BASE;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
     case OpKind::kReduceScatterTensorCoalesced: return OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#else
+    // NOTE: torch 2.11 (the GPU machine's) has no REDUCE_SCATTER_TENSOR_COALESCED op type yet.
+    case OpKind::kReduceScatterTensorCoalesced: return OpType::COALESCED;
+#endif
     case OpKind::kAlltoallBase: return OpType::ALLTOALL_BASE;
     case OpKind::kAlltoall: return OpType::ALLTOALL;
     case OpKind::kSend: return OpType::SEND;

@@ -10,7 +10,7 @@
 
 namespace delaycomm {
 
-void issueWithGpuDelay(c10::Device device, int64_t ns, const std::function<void()>& issue) {
+void issueWithGpuDelay(c10::Device device, int64_t ns, bool joinCurrentStream, const std::function<void()>& issue) {
   c10::cuda::CUDAGuard deviceGuard(device);
   const auto current = c10::cuda::getCurrentCUDAStream(device.index());
   const auto side = c10::cuda::getStreamFromPool(/*isHighPriority=*/false, device.index());
@@ -19,8 +19,15 @@ void issueWithGpuDelay(c10::Device device, int64_t ns, const std::function<void(
   ready.block(side);
   const std::string err = launchSleepKernel(ns, side.stream());
   TORCH_CHECK(err.empty(), "delaycomm: launching the GPU delay kernel (", ns, " ns) on ", device, " failed: ", err);
-  c10::cuda::CUDAStreamGuard streamGuard(side);
-  issue();
+  {
+    c10::cuda::CUDAStreamGuard streamGuard(side);
+    issue();
+  }
+  if (joinCurrentStream) {
+    at::cuda::CUDAEvent done;
+    done.record(side);
+    done.block(current);
+  }
 }
 
 void gpuSleepOnCurrentStream(c10::Device device, int64_t ns) {

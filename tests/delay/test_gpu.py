@@ -22,6 +22,7 @@ pytestmark = [
 
 @pytest.mark.timeout(60)
 def test_sleep_kernel_waits_on_the_stream_not_the_host():
+    _C._gpu_sleep(0, 1)  # loads the kernel's module (the first launch of a kernel is slow)
     a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda.synchronize()
     a.record()
@@ -46,6 +47,8 @@ def test_nccl_all_reduce_is_delayed_on_the_gpu_and_the_host_goes_on():
             dist.all_reduce(x)  # warm-up: creates the communicator (delayed too)
             torch.cuda.synchronize()
             y = torch.ones(16, device="cuda")
+            independent = y * 2  # loads the kernel now: a lazy module load may wait for the whole device
+            torch.cuda.synchronize()
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
@@ -64,7 +67,16 @@ def test_nccl_all_reduce_is_delayed_on_the_gpu_and_the_host_goes_on():
             assert not collective_done_early  # independent compute finished while the collective was held back
             assert start.elapsed_time(end) >= 80.0
             assert torch.all(x == 3.0) and torch.all(independent == 2.0)
+            # async_op=False: the caller's stream must see the delayed result without a wait().
+            x.fill_(5.0)
+            start.record()
+            dist.all_reduce(x)
+            z = x * 1
+            end.record()
+            end.synchronize()
+            assert start.elapsed_time(end) >= 80.0
+            assert torch.all(z == 5.0)
             s = delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]
-            assert s["delayed_calls"] == 2
+            assert s["delayed_calls"] == 3
         finally:
             dist.destroy_process_group()
