@@ -3,12 +3,25 @@
 // NOTE: built with torch's bundled pybind11 headers, so that c10d Store/Backend objects created by torch cross
 // into this module (the holder type of c10d classes is c10::intrusive_ptr, declared by torch/csrc/utils/pybind.h).
 
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+
 #include <pybind11/chrono.h>
+#include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
 #include "backend/DelayBackend.hpp"
+#include "delay/DelaySpec.hpp"
+#include "delay/Fit.hpp"
+#include "delay/IssuerThread.hpp"
+#include "delay/Sampler.hpp"
+#include "delay/Schedule.hpp"
+#ifdef DELAYCOMM_WITH_CUDA
+#include "delay/GpuDelay.hpp"
+#endif
 #include "kernels/Blend.hpp"
 #include "stats/Histogram.hpp"
 #include "stats/OpStats.hpp"
@@ -66,10 +79,242 @@ py::dict groupStatsToDict(GroupStats& g) {
   stale["blocked_ms"] = static_cast<double>(st.blockedNs.load()) * 1e-6;
   stale["stale_fresh_ratio"] = fresh ? static_cast<double>(nstale) / static_cast<double>(fresh) : 0.0;
   stale["staleness"] = summarize(st.stalenessSteps, 1.0, "");
+  py::dict host;
+  host["calls"] = g.host().slowdownCalls.load();
+  host["blocked"] = summarize(g.host().slowdownNs, 1e-6, "_ms");
   py::dict out;
   out["ops"] = ops;
   out["staleness"] = stale;
+  out["slowdown"] = host;
   return out;
+}
+
+
+// ===============================================================================================================
+// Delay injection (issue 3): specs, samplers, schedules, fit, precise sleep. Errors: std::invalid_argument, which
+// pybind11 raises as ValueError.
+
+uint64_t checkedUnsigned(int64_t v, const char* method, const char* arg) {
+  if (v < 0) {
+    throw std::invalid_argument(std::string("delaycomm: ") + method + ": " + arg + " must be >= 0, got " +
+                                std::to_string(v));
+  }
+  return static_cast<uint64_t>(v);
+}
+
+py::dict describeSampler(const DelaySampler& s) {
+  py::dict d;
+  const auto& spec = s.spec();
+  d["spec"] = spec.text;
+  d["family"] = familyName(spec.family);
+  py::dict params;
+  for (const auto& [k, v] : s.parameters()) {
+    params[py::str(k)] = v;
+  }
+  d["parameters"] = params;
+  py::dict given;
+  for (const auto& p : spec.percentiles) {
+    given[py::float_(p.q)] = p.seconds;
+  }
+  d["requested_percentiles_s"] = given;
+  if (spec.family == DelaySpec::Family::kTrace) {
+    d["trace_path"] = spec.tracePath;
+  }
+  if (!spec.isNone()) {
+    py::dict q;
+    const double qs[] = {0.5, 0.9, 0.99, 0.999, 0.9999};
+    const char* names[] = {"p50_s", "p90_s", "p99_s", "p999_s", "p9999_s"};
+    for (int i = 0; i < 5; ++i) {
+      q[names[i]] = s.quantile(qs[i]);
+    }
+    d["percentiles"] = q;
+  }
+  d["mean_s"] = s.mean();
+  d["seed"] = s.seed();
+  d["rank"] = s.rank();
+  return d;
+}
+
+// Applies f elementwise to a float or an array of floats; checks each input with `check`.
+template <typename F, typename C>
+py::object mapDoubles(py::object x, F f, C check) {
+  if (py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) {
+    const double v = x.cast<double>();
+    check(v);
+    return py::float_(f(v));
+  }
+  auto in = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
+  if (!in) {
+    throw std::invalid_argument("delaycomm: expected a float or an array of floats");
+  }
+  py::array_t<double> out(in.request().shape);
+  const double* src = in.data();
+  double* dst = out.mutable_data();
+  const auto n = in.size();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    check(src[i]);
+    dst[i] = f(src[i]);
+  }
+  return out;
+}
+
+void bindDelay(py::module_& m) {
+  m.def(
+      "parse_delay_spec",
+      [](const std::string& text) {
+        std::optional<DelaySampler> sampler;
+        {
+          py::gil_scoped_release release;  // a trace file may be long
+          sampler.emplace(parseDelaySpec(text));  // solving may reject it too
+        }
+        return describeSampler(*sampler);
+      },
+      py::arg("text"),
+      "Parse and solve a delay spec; returns its description, raises ValueError saying what is wrong.");
+  m.def(
+      "parse_duration", [](const std::string& text, const std::string& what) { return parseDuration(text, what); },
+      py::arg("text"), py::arg("what") = "duration", "A duration with a unit (ns, us, ms, s) in seconds.");
+  m.def(
+      "counter_uniforms",
+      [](int64_t seed, int64_t rank, int64_t stream, int64_t seq) {
+        return counterUniforms(checkedUnsigned(seed, "counter_uniforms", "seed"),
+                               checkedUnsigned(rank, "counter_uniforms", "rank"),
+                               checkedUnsigned(stream, "counter_uniforms", "stream"),
+                               checkedUnsigned(seq, "counter_uniforms", "seq"));
+      },
+      py::arg("seed"), py::arg("rank"), py::arg("stream"), py::arg("seq"));
+  m.def("_philox4x32", &philox4x32, py::arg("counter"), py::arg("key"));
+  m.def(
+      "sleep_precise",
+      [](double seconds) {
+        if (!(seconds >= 0.0) || !std::isfinite(seconds)) {
+          throw std::invalid_argument("delaycomm: sleep_precise: seconds must be a finite number >= 0, got " +
+                                      std::to_string(seconds));
+        }
+        py::gil_scoped_release release;
+        sleepForPrecise(std::chrono::nanoseconds(static_cast<int64_t>(std::llround(seconds * 1e9))));
+      },
+      py::arg("seconds"), "Sleep with sub-millisecond precision (coarse sleep, then spin), GIL released.");
+#ifdef DELAYCOMM_WITH_CUDA
+  m.def(
+      "_gpu_sleep",
+      [](int device, int64_t ns) { gpuSleepOnCurrentStream(c10::Device(c10::DeviceType::CUDA, device), ns); },
+      py::arg("device"), py::arg("ns"), "Launch the delay kernel on the device's current stream (tests, bench).");
+#endif
+
+  py::class_<DelaySampler>(m, "DelaySampler", "A delay distribution with counter-based, deterministic draws.")
+      .def(py::init([](const std::string& spec, int64_t seed, int64_t rank) {
+             return DelaySampler(parseDelaySpec(spec), checkedUnsigned(seed, "DelaySampler", "seed"),
+                                 checkedUnsigned(rank, "DelaySampler", "rank"));
+           }),
+           py::arg("spec"), py::arg("seed") = 0, py::arg("rank") = 0)
+      .def(
+          "sample",
+          [](const DelaySampler& s, int64_t stream, int64_t seq) {
+            return s.sample(checkedUnsigned(stream, "DelaySampler.sample", "stream"),
+                            checkedUnsigned(seq, "DelaySampler.sample", "seq"));
+          },
+          py::arg("stream"), py::arg("seq"))
+      .def(
+          "sample_many",
+          [](const DelaySampler& s, int64_t n, int64_t stream, int64_t start) {
+            const uint64_t count = checkedUnsigned(n, "DelaySampler.sample_many", "n");
+            const uint64_t st = checkedUnsigned(stream, "DelaySampler.sample_many", "stream");
+            const uint64_t first = checkedUnsigned(start, "DelaySampler.sample_many", "start");
+            py::array_t<double> out(static_cast<py::ssize_t>(count));
+            double* dst = out.mutable_data();
+            {
+              py::gil_scoped_release release;
+              for (uint64_t i = 0; i < count; ++i) {
+                dst[i] = s.sample(st, first + i);
+              }
+            }
+            return out;
+          },
+          py::arg("n"), py::arg("stream") = 0, py::arg("start") = 0)
+      .def(
+          "quantile",
+          [](const DelaySampler& s, py::object q) {
+            return mapDoubles(
+                q, [&s](double v) { return s.quantile(v); },
+                [](double v) {
+                  if (!(v >= 0.0 && v <= 1.0)) {
+                    throw std::invalid_argument("delaycomm: DelaySampler.quantile: q must be in [0, 1], got " +
+                                                std::to_string(v));
+                  }
+                });
+          },
+          py::arg("q"))
+      .def(
+          "cdf",
+          [](const DelaySampler& s, py::object x) {
+            return mapDoubles(
+                x, [&s](double v) { return s.cdf(v); },
+                [](double v) {
+                  if (std::isnan(v)) {
+                    throw std::invalid_argument("delaycomm: DelaySampler.cdf: x must be a number of seconds, got nan");
+                  }
+                });
+          },
+          py::arg("x"))
+      .def("mean", &DelaySampler::mean)
+      .def("describe", &describeSampler)
+      .def_property_readonly("spec", [](const DelaySampler& s) { return s.spec().text; })
+      .def_property_readonly("seed", &DelaySampler::seed)
+      .def_property_readonly("rank", &DelaySampler::rank);
+
+  py::class_<DelaySchedule>(m, "DelaySchedule",
+                            "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
+      .def(py::init([](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks) {
+             return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
+                                  std::move(ranks));
+           }),
+           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{})
+      .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
+      .def("delay_ns", &DelaySchedule::delayNs, py::arg("rank"), py::arg("stream"), py::arg("seq"))
+      .def(
+          "delays_ns",
+          [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
+            const uint64_t count = checkedUnsigned(n, "DelaySchedule.delays_ns", "n");
+            const uint64_t st = checkedUnsigned(stream, "DelaySchedule.delays_ns", "stream");
+            const uint64_t first = checkedUnsigned(start, "DelaySchedule.delays_ns", "start");
+            py::array_t<int64_t> out(static_cast<py::ssize_t>(count));
+            int64_t* dst = out.mutable_data();
+            {
+              py::gil_scoped_release release;
+              for (uint64_t i = 0; i < count; ++i) {
+                dst[i] = s.delayNs(rank, st, first + i);
+              }
+            }
+            return out;
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def_property_readonly("fraction", &DelaySchedule::fraction)
+      .def_property_readonly("ranks", &DelaySchedule::ranks)
+      .def_property_readonly("active", &DelaySchedule::active)
+      .def_static("key_stream", &DelaySchedule::keyStream, py::arg("key"))
+      .def_readonly_static("LOADER_STREAM", &DelaySchedule::kLoaderStream);
+
+  m.def(
+      "fit_mixture",
+      [](const std::vector<std::pair<double, double>>& targets, double fraction, const std::string& family) {
+        std::vector<FitTarget> t;
+        for (const auto& [q, x] : targets) {
+          t.push_back({q, x});
+        }
+        const FitResult r = fitMixture(t, fraction, family);
+        py::dict d;
+        d["spec"] = r.spec;
+        d["family"] = r.family;
+        d["fraction"] = r.fraction;
+        std::vector<std::pair<double, double>> comp, achieved;
+        for (const auto& c : r.component) comp.emplace_back(c.q, c.seconds);
+        for (const auto& a : r.achieved) achieved.emplace_back(a.q, a.seconds);
+        d["component"] = comp;
+        d["achieved"] = achieved;
+        return d;
+      },
+      py::arg("targets"), py::arg("fraction"), py::arg("family") = "auto");
 }
 
 }  // namespace
@@ -92,7 +337,14 @@ PYBIND11_MODULE(_C, m) {
       .def(py::init<>())
       .def_readwrite("timeout", &BackendOptions::timeout)
       .def_readwrite("group_name", &BackendOptions::groupName)
-      .def_readwrite("time_cuda", &BackendOptions::timeCuda);
+      .def_readwrite("time_cuda", &BackendOptions::timeCuda)
+      .def_readwrite("delay", &BackendOptions::delay)
+      .def_readwrite("delay_fraction", &BackendOptions::delayFraction)
+      .def_readwrite("delay_ranks", &BackendOptions::delayRanks)
+      .def_readwrite("delay_ops", &BackendOptions::delayOps)
+      .def_readwrite("delay_on_host", &BackendOptions::delayOnHost)
+      .def_readwrite("seed", &BackendOptions::seed)
+      .def_readwrite("slowdown", &BackendOptions::slowdown);
 
   py::class_<DelayBackend, c10::intrusive_ptr<DelayBackend>, c10d::Backend>(m, "DelayBackend")
       .def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
@@ -135,7 +387,20 @@ PYBIND11_MODULE(_C, m) {
             const auto type = c10::Device(device).type();
             return self.innerBackend(type);
           },
-          py::arg("device"), "The inner backend that serves `device` ('cpu' or 'cuda'), or None.");
+          py::arg("device"), "The inner backend that serves `device` ('cpu' or 'cuda'), or None.")
+      .def(
+          "delay_ns_for",
+          [](DelayBackend& self, const std::string& op, uint64_t seq) {
+            OpKind kind;
+            if (!opFromName(op, &kind)) {
+              throw std::invalid_argument("delaycomm: delay_ns_for: unknown op '" + op + "'");
+            }
+            return self.delayNsFor(kind, seq);
+          },
+          py::arg("op"), py::arg("seq"), "The injected delay of op `seq` (a group sequence number) on this rank.")
+      .def("pending_delayed_ops", &DelayBackend::pendingDelayedOps);
+
+  bindDelay(m);
 
   py::class_<LogHistogram, std::shared_ptr<LogHistogram>>(m, "_LogHistogram",
                                                           "The telemetry histogram (exposed for tests).")

@@ -6,6 +6,11 @@
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
+#include "delay/DelaySpec.hpp"
+#ifdef DELAYCOMM_WITH_CUDA
+#include "delay/GpuDelay.hpp"
+#endif
+
 namespace delaycomm {
 
 namespace {
@@ -54,6 +59,10 @@ c10::Device checkTensor(OpKind op, const char* arg, const at::Tensor& t) {
   return checkTensors(op, arg, std::vector<at::Tensor>{t});
 }
 
+int64_t steadyNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch()).count();
+}
+
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
   std::vector<at::Tensor> out;
   for (const auto& l : lists) {
@@ -72,9 +81,64 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
       options_(std::move(options)),
       stats_(std::make_shared<GroupStats>()) {
   TORCH_CHECK_VALUE(cpuInner_ || cudaInner_, "delaycomm: DelayBackend needs at least one inner backend");
+  TORCH_CHECK_VALUE(options_.slowdown >= 1.0, "delaycomm: DelayBackend: slowdown must be >= 1, got ",
+                    options_.slowdown);
+  DelaySpec spec;
+  try {
+    spec = parseDelaySpec(options_.delay);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());
+  }
+  if (!spec.isNone() && options_.delayFraction > 0.0) {
+    try {
+      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.delayFraction, options_.seed,
+                                                  options_.delayRanks);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    if (options_.delayOps.empty()) {
+      delayOp_.fill(true);
+      delayOp_[static_cast<int>(OpKind::kCoalesced)] = false;
+    }
+    for (const auto& name : options_.delayOps) {
+      OpKind kind;
+      TORCH_CHECK_VALUE(opFromName(name, &kind), "delaycomm: DelayBackend: delay_ops: unknown op '", name, "'");
+      delayOp_[static_cast<int>(kind)] = true;
+    }
+    if (cpuInner_ && !options_.delayOnHost && schedule_->targets(rank)) {
+      issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
+    }
+  }
 }
 
-DelayBackend::~DelayBackend() = default;
+DelayBackend::~DelayBackend() {
+  if (issuer_) {
+    issuer_->stop();
+  }
+}
+
+int64_t DelayBackend::delayNsFor(OpKind op, uint64_t seq) const {
+  if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
+    return 0;
+  }
+  return schedule_->delayNs(getRank(), static_cast<uint64_t>(op), seq);
+}
+
+void DelayBackend::applySlowdown() {
+  const int64_t last = lastReturnNs_.load(std::memory_order_relaxed);
+  if (last < 0) {
+    return;  // the first op: nothing measured yet
+  }
+  const int64_t gap = steadyNowNs() - last;
+  const auto extra = static_cast<int64_t>(static_cast<double>(gap) * (options_.slowdown - 1.0));
+  if (extra <= 0) {
+    return;
+  }
+  sleepForPrecise(std::chrono::nanoseconds(extra));
+  auto& h = stats_->host();
+  h.slowdownCalls.fetch_add(1, std::memory_order_relaxed);
+  h.slowdownNs.record(static_cast<double>(extra));
+}
 
 c10::intrusive_ptr<c10d::Backend::Options> DelayBackend::getBackendOptions() {
   return c10::make_intrusive<c10d::Backend::Options>("delaycomm", options_.timeout);
@@ -100,36 +164,64 @@ c10d::Backend& DelayBackend::innerFor(OpKind op, c10::Device device) {
   }
 }
 
+c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKind op, c10::Device device,
+                                                     IssueFn& issue, bool countErrors) {
+  auto& s = stats_->op(op);
+  try {
+    return issue(inner);
+  } catch (const c10::Error& e) {
+    if (countErrors) {
+      s.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    const std::string msg = e.what_without_backtrace();
+    if (msg.find("does not support") != std::string::npos) {
+      TORCH_CHECK(false, "Backend delaycomm does not support ", opName(op), " on ", device.type(),
+                  " tensors: its inner backend ", inner.getBackendName(), " says: ", msg);
+    }
+    throw;
+  } catch (...) {
+    if (countErrors) {
+      s.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+    throw;
+  }
+}
+
 c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, int64_t bytes,
-                                                 std::vector<at::Tensor> outputs, IssueFn issue) {
+                                                 std::vector<at::Tensor> outputs, IssueFn issue, bool asyncOp) {
   c10d::Backend& inner = innerFor(op, device);
+  const bool slow = options_.slowdown > 1.0;
+  if (slow) {
+    applySlowdown();
+  }
+  // Slowdown measures the time between ops from the moment each returns to its caller.
+  struct ReturnStamp {
+    std::atomic<int64_t>* last;
+    ~ReturnStamp() {
+      if (last) last->store(steadyNowNs(), std::memory_order_relaxed);
+    }
+  } stamp{slow ? &lastReturnNs_ : nullptr};
+
   const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
   auto& s = stats_->op(op);
   s.calls.fetch_add(1, std::memory_order_relaxed);
   s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+
+  const int64_t delayNs = delayNsFor(op, seq);
+  if (delayNs > 0) {
+    s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+    s.delayNs.record(static_cast<double>(delayNs));
+    if (options_.delayOnHost) {
+      sleepForPrecise(std::chrono::nanoseconds(delayNs));
+    }
+  }
+  const int64_t networkDelayNs = options_.delayOnHost ? 0 : delayNs;
 
   if (coalescing_ && inner.supportsCoalescing() &&
       std::find(coalescingInners_.begin(), coalescingInners_.end(), &inner) == coalescingInners_.end()) {
     inner.startCoalescing();
     coalescingInners_.push_back(&inner);
   }
-
-  auto issueInner = [&]() -> c10::intrusive_ptr<c10d::Work> {
-    try {
-      return issue(inner);
-    } catch (const c10::Error& e) {
-      s.errors.fetch_add(1, std::memory_order_relaxed);
-      const std::string msg = e.what_without_backtrace();
-      if (msg.find("does not support") != std::string::npos) {
-        TORCH_CHECK(false, "Backend delaycomm does not support ", opName(op), " on ", device.type(),
-                    " tensors: its inner backend ", inner.getBackendName(), " says: ", msg);
-      }
-      throw;
-    } catch (...) {
-      s.errors.fetch_add(1, std::memory_order_relaxed);
-      throw;
-    }
-  };
 
   if (device.is_cuda()) {
     std::optional<c10::Event> start;
@@ -138,7 +230,18 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
       c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
       start->record(impl.getStream(device));
     }
-    auto innerWork = issueInner();
+    c10::intrusive_ptr<c10d::Work> innerWork;
+    if (networkDelayNs > 0) {
+#ifdef DELAYCOMM_WITH_CUDA
+      issueWithGpuDelay(device, networkDelayNs, /*joinCurrentStream=*/!asyncOp,
+                        [&] { innerWork = issueOn(inner, op, device, issue, true); });
+#else
+      TORCH_CHECK(false, "delaycomm: ", opName(op), ": network delay on cuda tensors needs the GPU sleep kernel, "
+                  "and this build of delaycomm has no CUDA sources (rebuild with nvcc, or use delay_where=host)");
+#endif
+    } else {
+      innerWork = issueOn(inner, op, device, issue, true);
+    }
     harvestCudaTimings();
     if (!innerWork) {  // an inner backend inside its own coalescing window may return no work
       return innerWork;
@@ -152,15 +255,46 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
     return work;
   }
 
-  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, Clock::now(), std::move(outputs));
-  auto innerWork = issueInner();
+  const auto calledAt = Clock::now();
+  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, std::move(outputs), options_.timeout,
+                                                networkDelayNs);
+  if (coalescing_ && !inner.supportsCoalescing()) {
+    coalescedWorks_.push_back(work);
+  }
+  if (issuer_) {
+    c10::intrusive_ptr<c10d::Work> innerWork;
+    bool inlined = false;
+    if (networkDelayNs == 0) {
+      // Nothing held back ahead of it: issue on the caller's thread (the issuer's lock keeps the call order).
+      inlined = issuer_->runInlineIfIdle([&] { innerWork = issueOn(inner, op, device, issue, true); });
+    }
+    if (!inlined) {
+      c10d::Backend* innerPtr = &inner;
+      issuer_->submit(
+          calledAt + std::chrono::nanoseconds(networkDelayNs),
+          [this, innerPtr, op, device, issue, work]() mutable {
+            try {
+              auto w = issueOn(*innerPtr, op, device, issue, false);
+              TORCH_CHECK(w, "delaycomm: ", opName(op), ": the inner backend returned no work");
+              work->attach(std::move(w));
+            } catch (...) {
+              work->fail(std::current_exception());
+            }
+          },
+          [work](std::exception_ptr error) { work->fail(error); });
+      return work;
+    }
+    if (!innerWork) {
+      return innerWork;
+    }
+    work->attach(std::move(innerWork));
+    return work;
+  }
+  auto innerWork = issueOn(inner, op, device, issue, true);
   if (!innerWork) {
     return innerWork;
   }
   work->attach(std::move(innerWork));
-  if (coalescing_ && !inner.supportsCoalescing()) {
-    coalescedWorks_.push_back(work);
-  }
   return work;
 }
 
@@ -171,7 +305,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::broadcast(std::vector<at::Tensor>& 
                                                        const c10d::BroadcastOptions& opts) {
   const auto device = checkTensors(OpKind::kBroadcast, "tensors", tensors);
   return run(OpKind::kBroadcast, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -179,7 +313,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -187,21 +321,21 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Te
   const bool cpuSparse = !tensors.empty() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
   const auto device = checkTensors(OpKind::kAllreduceCoalesced, "tensors", tensors);
   return run(OpKind::kAllreduceCoalesced, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce(std::vector<at::Tensor>& tensors,
                                                     const c10d::ReduceOptions& opts) {
   const auto device = checkTensors(OpKind::kReduce, "tensors", tensors);
   return run(OpKind::kReduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); });
+             [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -210,7 +344,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<a
   const auto device = checkTensors(OpKind::kAllgather, "inputTensors", inputs);
   checkTensors(OpKind::kAllgather, "outputTensors", flatten(outputs));
   return run(OpKind::kAllgather, device, bytesOf(inputs), flatten(outputs),
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
@@ -218,7 +352,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output,
   const auto device = checkTensor(OpKind::kAllgatherBase, "inputBuffer", input);
   checkTensor(OpKind::kAllgatherBase, "outputBuffer", output);
   return run(OpKind::kAllgatherBase, device, bytesOf(input), {output},
-             [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); });
+             [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -228,7 +362,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std
   return run(OpKind::kAllgatherCoalesced, device, bytesOf(inputs), flatten(outputs),
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.allgather_coalesced(outputs, inputs, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -239,7 +373,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std
   return run(OpKind::kAllgatherIntoTensorCoalesced, device, bytesOf(inputs), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -247,7 +381,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::
                                                     const c10d::GatherOptions& opts) {
   const auto device = checkTensors(OpKind::kGather, "inputTensors", inputs);
   return run(OpKind::kGather, device, bytesOf(inputs), flatten(outputs),
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -255,7 +389,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& ou
                                                      const c10d::ScatterOptions& opts) {
   const auto device = checkTensors(OpKind::kScatter, "outputTensors", outputs);
   return run(OpKind::kScatter, device, bytesOf(outputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -263,7 +397,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tens
                                                             const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensors(OpKind::kReduceScatter, "outputTensors", outputs);
   return run(OpKind::kReduceScatter, device, bytesOf(flatten(inputs)), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -273,7 +407,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
   return run(OpKind::kReduceScatterBase, device, bytesOf(input), {output},
              [output, input, opts](c10d::Backend& b) mutable {
                return b._reduce_scatter_base(output, input, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(
@@ -283,7 +417,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(
   return run(OpKind::kReduceScatterTensorCoalesced, device, bytesOf(inputs), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -295,7 +429,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, a
   return run(OpKind::kAlltoallBase, device, bytesOf(input), {output},
              [output, input, outputSplitSizes, inputSplitSizes, opts](c10d::Backend& b) mutable {
                return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-             });
+             }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& outputs,
@@ -304,7 +438,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& o
   const auto device = checkTensors(OpKind::kAlltoall, "inputTensors", inputs);
   checkTensors(OpKind::kAlltoall, "outputTensors", outputs);
   return run(OpKind::kAlltoall, device, bytesOf(inputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); });
+             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -333,7 +467,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::barrier(const c10d::BarrierOptions&
   } else if (!cpuInner_ && cudaInner_) {
     device = opts.device.has_value() ? *opts.device : c10::Device(c10::DeviceType::CUDA, 0);
   }
-  return run(OpKind::kBarrier, device, 0, {}, [opts](c10d::Backend& b) { return b.barrier(opts); });
+  return run(OpKind::kBarrier, device, 0, {}, [opts](c10d::Backend& b) { return b.barrier(opts); }, opts.asyncOp);
 }
 
 void DelayBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitAllRanks) {
@@ -380,6 +514,11 @@ uint64_t DelayBackend::getSequenceNumberForGroup() {
 }
 
 void DelayBackend::abort() {
+  if (issuer_) {
+    issuer_->cancelAll(std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        "delaycomm: the group was aborted while this op was held back by an injected delay")));
+  }
   if (cpuInner_) {
     cpuInner_->abort();
   }
@@ -406,6 +545,9 @@ void DelayBackend::shutdown() {
     } catch (const std::exception& e) {
       LOG(WARNING) << "delaycomm: the shutdown hook of group " << options_.groupName << " failed: " << e.what();
     }
+  }
+  if (issuer_) {
+    issuer_->stop();  // issues every held-back op now, in order, so that every rank issues the same sequence
   }
   if (cpuInner_) {
     cpuInner_->shutdown();

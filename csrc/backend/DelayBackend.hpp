@@ -1,5 +1,6 @@
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <deque>
@@ -13,6 +14,8 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/DelayWork.hpp"
+#include "delay/IssuerThread.hpp"
+#include "delay/Schedule.hpp"
 #include "stats/OpStats.hpp"
 
 namespace delaycomm {
@@ -23,6 +26,15 @@ struct BackendOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string groupName;
   bool timeCuda = true;  // record CUDA events around GPU collectives (no host sync; harvested lazily)
+
+  // Delay injection (SPEC §3-4). `delay` is a spec (delay/DelaySpec.hpp); "none" disables it.
+  std::string delay = "none";
+  double delayFraction = 0.0;          // per-call Bernoulli probability
+  std::vector<int64_t> delayRanks;     // delayed ranks; empty = all
+  std::vector<std::string> delayOps;   // delayed ops by OpStats name; empty = all
+  bool delayOnHost = false;            // delay_where=host: the caller blocks; else network (the op is held back)
+  uint64_t seed = 0;
+  double slowdown = 1.0;               // this rank's compute slowdown factor K (>= 1; 1 = none)
 };
 
 // DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
@@ -35,6 +47,14 @@ struct BackendOptions {
 //  - Streams (CUDA): ops are issued at once on the inner NCCL backend's streams; nothing blocks the host.
 //  - Ownership: the works the inner backends return keep their tensors alive; DelayWork keeps the inner work.
 //  - Unsupported ops fail with "Backend delaycomm does not support <op> ...".
+//  - Delay (when configured): op `seq` of kind k on rank r is delayed by schedule().delayNs(r, k, seq).
+//    network + CPU: the op goes through the group's IssuerThread, which issues every CPU op in call order, each no
+//    earlier than call time + delay; the caller gets its Work at once. network + GPU: a stream-ordered sleep
+//    kernel before the collective (delay/GpuDelay.hpp); the host never blocks. host: the calling thread sleeps
+//    before issuing. Slowdown K: before each op the caller sleeps (K - 1) x the time since its previous op
+//    returned.
+//  - shutdown() issues every held-back op at once (in order) and joins the issuer thread before the inner
+//    backends shut down; abort() fails the held-back ops instead.
 class DelayBackend : public c10d::Backend {
  public:
   DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
@@ -104,6 +124,12 @@ class DelayBackend : public c10d::Backend {
   // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
   void harvestCudaTimings();
   GroupStats& stats() { return *stats_; }
+  // The delay schedule of this group; null when no delay is configured.
+  const DelaySchedule* schedule() const { return schedule_.get(); }
+  // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
+  int64_t delayNsFor(OpKind op, uint64_t seq) const;
+  // CPU ops queued in (or being issued by) the issuer thread.
+  size_t pendingDelayedOps() const { return issuer_ ? issuer_->pending() : 0; }
   void resetStats();
   const BackendOptions& options() const { return options_; }
   c10::intrusive_ptr<c10d::Backend> innerBackend(c10::DeviceType type) const;
@@ -114,9 +140,15 @@ class DelayBackend : public c10d::Backend {
   using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
 
   // Routes one op: picks the inner backend for `device`, counts it, issues it and wraps the inner work.
+  // asyncOp: the c10d option of that name (false: the inner NCCL op may run on the current stream, so a GPU
+  // delay must then be joined back into it).
   c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes, std::vector<at::Tensor> outputs,
-                                     IssueFn issue);
+                                     IssueFn issue, bool asyncOp = true);
   c10d::Backend& innerFor(OpKind op, c10::Device device);
+  // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
+  c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,
+                                         bool countErrors);
+  void applySlowdown();
   void recordCudaPair(OpKind op, c10::Event start, c10::Event end);
 
   const c10::intrusive_ptr<c10d::Backend> cpuInner_;
@@ -124,6 +156,10 @@ class DelayBackend : public c10d::Backend {
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
+  std::unique_ptr<DelaySchedule> schedule_;
+  std::array<bool, kNumOpKinds> delayOp_{};
+  std::unique_ptr<IssuerThread> issuer_;  // CPU network delay only
+  std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
   std::mutex hookMutex_;
   std::function<void()> shutdownHook_;
 

@@ -2,6 +2,7 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 namespace delaycomm {
 
@@ -22,7 +23,12 @@ c10d::OpType opTypeOf(OpKind op) {
     case OpKind::kScatter: return OpType::SCATTER;
     case OpKind::kReduceScatter: return OpType::REDUCE_SCATTER;
     case OpKind::kReduceScatterBase: return OpType::_REDUCE_SCATTER_BASE;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
     case OpKind::kReduceScatterTensorCoalesced: return OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#else
+    // NOTE: torch 2.11 (the GPU machine's) has no REDUCE_SCATTER_TENSOR_COALESCED op type yet.
+    case OpKind::kReduceScatterTensorCoalesced: return OpType::COALESCED;
+#endif
     case OpKind::kAlltoallBase: return OpType::ALLTOALL_BASE;
     case OpKind::kAlltoall: return OpType::ALLTOALL;
     case OpKind::kSend: return OpType::SEND;
@@ -45,13 +51,16 @@ double nsSince(Clock::time_point t0) {
 // DelayWorkCpu
 
 DelayWorkCpu::DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
-                           std::vector<at::Tensor> outputs)
+                           std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout,
+                           int64_t delayNs)
     : c10d::Work(-1, opTypeOf(op)),
       op_(op),
       seq_(seq),
       stats_(std::move(stats)),
       issuedAt_(issuedAt),
       outputs_(std::move(outputs)),
+      groupTimeout_(groupTimeout),
+      delayNs_(delayNs),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
 DelayWorkCpu::~DelayWorkCpu() = default;
@@ -152,8 +161,22 @@ int DelayWorkCpu::sourceRank() const {
   return inner_->sourceRank();
 }
 
+void DelayWorkCpu::waitAttachedOrThrow(std::chrono::milliseconds timeout, const char* method) {
+  const auto limit = timeout == kNoTimeout ? groupTimeout_ : timeout;
+  if (waitAttached(limit)) {
+    return;
+  }
+  const auto heldMs = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issuedAt_).count();
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("delaycomm: ", opName(op_), " (sequence number ", seq_, "): ", method, " timed out after ",
+                           limit.count(), " ms (", timeout == kNoTimeout ? "the group's timeout" : "the wait timeout",
+                           "): the op is still held back by an injected delay of ", delayNs_ / 1000000,
+                           " ms (or by the ops queued ahead of it), ", heldMs,
+                           " ms after the call; a delay longer than the timeout is a timeout"));
+}
+
 std::vector<at::Tensor> DelayWorkCpu::result() {
-  waitAttached(kNoTimeout);
+  waitAttachedOrThrow(kNoTimeout, "result()");
   std::lock_guard<std::mutex> lock(mutex_);
   if (error_) {
     std::rethrow_exception(error_);
@@ -167,10 +190,7 @@ void DelayWorkCpu::synchronize() {
 
 bool DelayWorkCpu::wait(std::chrono::milliseconds timeout) {
   const auto start = Clock::now();
-  if (!waitAttached(timeout)) {
-    TORCH_CHECK(false, "delaycomm: ", opName(op_), " (sequence number ", seq_,
-                ") was not issued to the inner backend within the wait timeout of ", timeout.count(), " ms");
-  }
+  waitAttachedOrThrow(timeout, "wait()");
   c10::intrusive_ptr<c10d::Work> inner;
   bool innerHasFuture = false;
   {

@@ -24,6 +24,10 @@ using Clock = std::chrono::steady_clock;
 // call order); wait() blocks until the inner op is attached, then waits on it (its errors and timeouts surface
 // here unchanged). The own future completes with the inner future's value (the output tensors) or its error.
 //
+// Held back (delay_where=network): wait() without a timeout still waits no longer than the group's timeout for
+// the op to be issued, then raises a timeout error (DistBackendError) naming the injected delay: a delay longer
+// than the timeout is a timeout, never a hang.
+//
 // Inner works without a future (Gloo's send/recv) are timed when wait() returns, and getFuture() reports that
 // the op has none, exactly as the inner backend would.
 //
@@ -31,7 +35,8 @@ using Clock = std::chrono::steady_clock;
 class DelayWorkCpu : public c10d::Work {
  public:
   DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
-               std::vector<at::Tensor> outputs);
+               std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout = kNoTimeout,
+               int64_t delayNs = 0);
   ~DelayWorkCpu() override;
 
   // Hand over the inner work (once). Completion of the inner future completes this work's future.
@@ -53,6 +58,8 @@ class DelayWorkCpu : public c10d::Work {
  private:
   // Waits until attach() or fail() ran; false on timeout.
   bool waitAttached(std::chrono::milliseconds timeout);
+  // waitAttached() bounded by `timeout`, or by the group's timeout when none is given; raises on expiry.
+  void waitAttachedOrThrow(std::chrono::milliseconds timeout, const char* method);
   void recordCompletion(bool ok);
 
   const OpKind op_;
@@ -60,6 +67,8 @@ class DelayWorkCpu : public c10d::Work {
   const std::shared_ptr<GroupStats> stats_;
   const Clock::time_point issuedAt_;
   const std::vector<at::Tensor> outputs_;  // keeps the caller's outputs alive until completion
+  const std::chrono::milliseconds groupTimeout_;
+  const int64_t delayNs_;
 
   mutable std::mutex mutex_;
   std::condition_variable attachedCv_;

@@ -61,11 +61,17 @@ void StalenessStats::reset() {
   stalenessSteps.reset();
 }
 
+void HostStats::reset() {
+  slowdownCalls = 0;
+  slowdownNs.reset();
+}
+
 void GroupStats::reset() {
   for (auto& op : ops_) {
     op.reset();
   }
   staleness_.reset();
+  host_.reset();
 }
 
 }  // namespace delaycomm

@@ -63,17 +63,27 @@ struct StalenessStats {
   void reset();
 };
 
+// Host-side blocking of one group's caller (slowdown=R:Kx): how often and how long it was made to wait.
+struct HostStats {
+  std::atomic<uint64_t> slowdownCalls{0};
+  LogHistogram slowdownNs;
+  void reset();
+};
+
 class GroupStats {
  public:
   OpStats& op(OpKind kind) { return ops_[static_cast<int>(kind)]; }
   const OpStats& op(OpKind kind) const { return ops_[static_cast<int>(kind)]; }
   StalenessStats& staleness() { return staleness_; }
   const StalenessStats& staleness() const { return staleness_; }
+  HostStats& host() { return host_; }
+  const HostStats& host() const { return host_; }
   void reset();
 
  private:
   std::array<OpStats, kNumOpKinds> ops_;
   StalenessStats staleness_;
+  HostStats host_;
 };
 
 }  // namespace delaycomm

@@ -11,6 +11,7 @@ import torch.distributed  # noqa: F401  (registers the c10d classes that _C deri
 from delaycomm import _C, schedule  # noqa: F401  (delaycomm.schedule.EpochWarmup)
 from delaycomm._backend import nccl_settings, register
 from delaycomm._config import DelayConfig, configure, resolve
+from delaycomm._delay import DelayFit, DelaySampler, fit
 from delaycomm._stats import report, reset_stats, stats
 
 __version__ = "0.1.0"
@@ -23,6 +24,9 @@ __all__ = [
     "stats",
     "reset_stats",
     "report",
+    "DelaySampler",
+    "DelayFit",
+    "fit",
     "__version__",
 ]
 

@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import threading
+import warnings
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -174,6 +175,7 @@ def create_backend(dist_opts, pg_options):
     native = _C.BackendOptions()
     native.timeout = timeout
     native.group_name = group_name
+    _fill_delay_options(native, cfg, rank, timeout, nccl is not None)
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
 
     with _lock:
@@ -185,6 +187,31 @@ def create_backend(dist_opts, pg_options):
         ", ".join(f"{k}={v!r} ({cfg.sources[k]})" for k, v in cfg.values.items()),
     )
     return backend
+
+
+def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta, has_nccl: bool) -> None:
+    """Copy the delay options into the native BackendOptions; warn when the tail reaches the group's timeout."""
+    native.delay = cfg.delay
+    native.delay_fraction = cfg.delay_fraction if cfg.delay != "none" else 0.0
+    native.delay_ranks = list(cfg.delay_ranks) if cfg.delay_ranks is not None else []
+    native.delay_ops = list(cfg.delay_ops) if cfg.delay_ops is not None else []
+    native.delay_on_host = cfg.delay_where == "host"
+    native.seed = cfg.seed
+    native.slowdown = dict(cfg.slowdown).get(rank, 1.0)
+    if cfg.delay == "none" or native.delay_fraction == 0.0:
+        return
+    if has_nccl and cfg.delay_where == "network" and not _C.cuda_compiled:
+        raise ValueError(
+            "delaycomm: invalid value 'network' for option 'delay_where' (environment variable DELAYCOMM_DELAY_WHERE): "
+            "network delay of GPU collectives needs the CUDA sleep kernel and this build of delaycomm has no CUDA "
+            "sources; expected 'host', or a delaycomm built with nvcc")
+    p9999 = _C.DelaySampler(cfg.delay).quantile(0.9999)
+    if p9999 > timeout.total_seconds():
+        warnings.warn(
+            f"delaycomm: the delay {cfg.delay!r} has a P99.99 of {p9999:.3f} s, longer than the group's timeout of "
+            f"{timeout.total_seconds():g} s: delayed collectives in that tail will fail with a timeout error "
+            "(raise the timeout of init_process_group/new_group, or choose a lighter tail)",
+            RuntimeWarning, stacklevel=3)
 
 
 def _check_group_config(cfg: EffectiveConfig, rank: int, size: int) -> None:

@@ -100,6 +100,11 @@ def format_table(data: dict[str, Any]) -> str:
                 v = v[k]
             cells.append(fmt.format(v))
         lines.append("  " + " ".join(cells))
+    sd = data.get("slowdown", {})
+    if sd.get("calls"):
+        lines.append("# slowdown: blocked {n} times, {t:.1f} ms in all (p50 {p50:.2f} ms, max {mx:.2f} ms)".format(
+            n=sd["calls"], t=sd["blocked"]["mean_ms"] * sd["blocked"]["count"], p50=sd["blocked"]["p50_ms"],
+            mx=sd["blocked"]["max_ms"]))
     st = data.get("staleness", {})
     if st.get("steps"):
         lines.append(

@@ -1,0 +1,286 @@
+"""Rank functions for the multi-process delay tests (real processes, real Gloo). Each returns plain data."""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+import delaycomm
+from delaycomm._backend import backend_of
+
+
+def _init(rank: int, world_size: int, init_method: str, timeout_s: float = 30.0, **options) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # P99.99 > timeout warnings are checked elsewhere
+        dist.init_process_group("delaycomm", init_method=init_method, rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=timeout_s), pg_options=delaycomm.DelayConfig(**options))
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(torch.int32) if t.dtype == torch.float32 else t
+
+
+def _inputs(rank: int, i: int, n: int = 33) -> torch.Tensor:
+    g = torch.Generator().manual_seed(1000 * i + rank)
+    return torch.randn(n, generator=g)
+
+
+# One entry per collective: name -> fn(group, rank, world_size, i) -> list of output tensors. Every op is issued
+# async, so several are held back at once, then waited for.
+def _c_all_reduce_sum(g, r, w, i):
+    t = _inputs(r, i)
+    return [t], dist.all_reduce(t, group=g, async_op=True)
+
+
+def _c_all_reduce_max(g, r, w, i):
+    t = _inputs(r, i)
+    return [t], dist.all_reduce(t, op=dist.ReduceOp.MAX, group=g, async_op=True)
+
+
+def _c_broadcast(g, r, w, i):
+    t = _inputs(r, i)
+    return [t], dist.broadcast(t, src=i % w, group=g, async_op=True)
+
+
+def _c_all_gather(g, r, w, i):
+    outs = [torch.empty(33) for _ in range(w)]
+    return outs, dist.all_gather(outs, _inputs(r, i), group=g, async_op=True)
+
+
+def _c_all_gather_into_tensor(g, r, w, i):
+    out = torch.empty(33 * w)
+    return [out], dist.all_gather_into_tensor(out, _inputs(r, i), group=g, async_op=True)
+
+
+def _c_reduce(g, r, w, i):
+    t = _inputs(r, i)
+    return ([t] if r == 0 else []), dist.reduce(t, dst=0, group=g, async_op=True)
+
+
+def _c_gather(g, r, w, i):
+    outs = [torch.empty(33) for _ in range(w)] if r == 0 else None
+    return (outs or []), dist.gather(_inputs(r, i), gather_list=outs, dst=0, group=g, async_op=True)
+
+
+def _c_scatter(g, r, w, i):
+    out = torch.empty(33)
+    ins = [_inputs(k, i) for k in range(w)] if r == 0 else None
+    return [out], dist.scatter(out, scatter_list=ins, src=0, group=g, async_op=True)
+
+
+def _c_all_to_all_single(g, r, w, i):
+    out = torch.empty(8 * w)
+    return [out], dist.all_to_all_single(out, _inputs(r, i, 8 * w), group=g, async_op=True)
+
+
+def _c_send_recv(g, r, w, i):
+    t = _inputs(r, i)
+    if r == 0:
+        return [], dist.isend(t, dst=1, group=g)
+    out = torch.empty(33)
+    return [out], dist.irecv(out, src=0, group=g)
+
+
+def _c_barrier(g, r, w, i):
+    return [], dist.barrier(group=g, async_op=True)
+
+
+COLLECTIVES = {name[3:]: fn for name, fn in sorted(globals().items()) if name.startswith("_c_")}
+
+
+def collectives_bitwise(rank, world_size, init_method, delay, fraction, rounds=3):
+    """Every collective through a delayed delaycomm group and through plain Gloo: outputs bitwise equal."""
+    _init(rank, world_size, init_method, delay=delay, delay_fraction=fraction, seed=11)
+    gloo = dist.new_group(backend="gloo")
+    mismatches, compared = [], 0
+    for rnd in range(rounds):
+        pending = []
+        for k, (name, fn) in enumerate(COLLECTIVES.items()):
+            i = rnd * 100 + k
+            pending.append((name, fn(None, rank, world_size, i), fn(gloo, rank, world_size, i)))
+        for name, (outs_d, work_d), (outs_g, work_g) in pending:
+            work_d.wait()
+            work_g.wait()
+            for a, b in zip(outs_d, outs_g):
+                compared += 1
+                if not torch.equal(_bits(a), _bits(b)):
+                    mismatches.append(name)
+    s = delaycomm.stats(dist.group.WORLD)
+    delayed = sum(op["delayed_calls"] for op in s["ops"].values())
+    dist.destroy_process_group()
+    return {"mismatches": mismatches, "compared": compared, "delayed": delayed}
+
+
+def targeting(rank, world_size, init_method):
+    """delay_ops / delay_ranks / fraction: which calls were delayed, against the schedule's own prediction."""
+    _init(rank, world_size, init_method, delay="const:1ms", delay_fraction=0.5, delay_ranks="1",
+          delay_ops="broadcast,all_reduce", seed=5)
+    backend = backend_of(dist.group.WORLD)
+    predicted = {"allreduce": 0, "broadcast": 0, "allgather": 0}
+    for i in range(60):
+        seq_before = backend.get_sequence_number_for_group() if hasattr(backend, "get_sequence_number_for_group") \
+            else None
+        t = torch.ones(4)
+        kind = ("allreduce", "broadcast", "allgather")[i % 3]
+        if kind == "allreduce":
+            dist.all_reduce(t)
+        elif kind == "broadcast":
+            dist.broadcast(t, src=0)
+        else:
+            dist.all_gather([torch.empty(4) for _ in range(world_size)], t)
+        _ = seq_before
+        predicted[kind] += int(backend.delay_ns_for(kind, i + 1) > 0)
+    s = delaycomm.stats(dist.group.WORLD)["ops"]
+    got = {k: s[k]["delayed_calls"] for k in predicted}
+    delay_p50 = s["broadcast"]["delay"]["p50_us"] if got["broadcast"] else 0.0
+    dist.destroy_process_group()
+    return {"predicted": predicted, "got": got, "delay_p50_us": delay_p50}
+
+
+def ddp_params(rank, world_size, init_method, steps=6):
+    """DDP trained through a delayed group and an undelayed one from the same start: final parameters."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    groups = {
+        "none": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
+        "delayed": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
+            delay="lognormal:p50=3ms,p99=30ms", delay_fraction=0.5, seed=2)),
+    }
+    params = {}
+    for name, g in groups.items():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4))
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=g, bucket_cap_mb=0.001)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(rank)
+        for _ in range(steps):
+            x, y = torch.randn(8, 16, generator=gen), torch.randn(8, 4, generator=gen)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        params[name] = [p.detach().clone() for p in model.parameters()]
+    delayed = sum(op["delayed_calls"] for op in delaycomm.stats(groups["delayed"])["ops"].values())
+    equal = all(torch.equal(_bits(a), _bits(b)) for a, b in zip(params["none"], params["delayed"]))
+    dist.destroy_process_group()
+    return {"equal": equal, "delayed": delayed}
+
+
+def two_threads(rank, world_size, init_method, n=40):
+    """Two threads take turns issuing async all-reduces; the delays differ per call; results must match order."""
+    _init(rank, world_size, init_method, delay="exp:p99=20ms", delay_fraction=0.5, seed=rank * 0 + 9)
+    turn = threading.Condition()
+    state = {"next": 0}
+    works: list = [None] * n
+    tensors: list = [None] * n
+
+    def issue(parity: int) -> None:
+        for i in range(parity, n, 2):
+            with turn:
+                turn.wait_for(lambda: state["next"] == i)
+                t = torch.full((16,), float((rank + 1) * (i + 1)))
+                tensors[i] = t
+                works[i] = dist.all_reduce(t, async_op=True)
+                state["next"] += 1
+                turn.notify_all()
+
+    threads = [threading.Thread(target=issue, args=(p,)) for p in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for w in works:
+        w.wait()
+    total = sum(r + 1 for r in range(world_size))
+    wrong = [i for i in range(n) if not torch.all(tensors[i] == total * (i + 1))]
+    delayed = delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]["delayed_calls"]
+    dist.destroy_process_group()
+    return {"wrong": wrong, "delayed": delayed}
+
+
+def delay_beyond_timeout(rank, world_size, init_method):
+    """Rank 0 holds its all-reduce back for 6 s; the group's timeout is 2 s: both ranks get an error, no hang."""
+    _init(rank, world_size, init_method, timeout_s=2.0, delay="const:6s", delay_fraction=1.0, delay_ranks="0",
+          delay_ops="allreduce")
+    t0 = time.monotonic()
+    try:
+        dist.all_reduce(torch.ones(4))
+        outcome = ("ok", "")
+    except Exception as e:  # noqa: BLE001 - reported
+        outcome = (type(e).__name__, str(e))
+    elapsed = time.monotonic() - t0
+    return {"outcome": outcome, "elapsed": elapsed}
+
+
+def destroy_pending(rank, world_size, init_method, n=8):
+    """destroy_process_group() with delayed ops still held back: they are issued, the thread joins, no hang."""
+    _init(rank, world_size, init_method, delay="const:400ms", delay_fraction=1.0, delay_ops="allreduce")
+    backend = backend_of(dist.group.WORLD)
+    tensors = [torch.full((8,), float(rank + 1)) for _ in range(n)]
+    works = [dist.all_reduce(t, async_op=True) for t in tensors]
+    pending_before = backend.pending_delayed_ops()
+    dist.destroy_process_group()
+    pending_after = backend.pending_delayed_ops()
+    outcomes = []
+    for w, t in zip(works, tensors):
+        try:
+            w.wait()
+            outcomes.append("ok" if torch.all(t == sum(range(1, world_size + 1))) else "wrong")
+        except Exception as e:  # noqa: BLE001 - a clean failure is acceptable, a hang is not
+            outcomes.append(f"error: {e}")
+    return {"pending_before": pending_before, "pending_after": pending_after, "outcomes": outcomes}
+
+
+def latency_shift(rank, world_size, init_method, n=40, delay_ms=20):
+    """p50 all-reduce latency seen by every rank, without and with const delay on rank 0 only."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    base = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
+    slow = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
+        delay=f"const:{delay_ms}ms", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce"))
+    t = torch.ones(1024)
+    for g in (base, slow):
+        for _ in range(3):
+            dist.all_reduce(t, group=g)
+        delaycomm.reset_stats(g)
+    for _ in range(n):  # interleaved, so both see the same machine load
+        dist.all_reduce(t, group=base)
+        dist.all_reduce(t, group=slow)
+    p50 = {name: delaycomm.stats(g)["ops"]["allreduce"]["latency"]["p50_us"] for name, g in
+           (("base", base), ("slow", slow))}
+    dist.destroy_process_group()
+    return p50
+
+
+def host_vs_network(rank, world_size, init_method, delay_ms=500):
+    """How long the *call* takes (not its completion): host delay blocks the caller, network delay does not."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    out = {}
+    for where in ("network", "host"):
+        g = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
+            delay=f"const:{delay_ms}ms", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce",
+            delay_where=where))
+        t = torch.ones(4)
+        t0 = time.monotonic()
+        w = dist.all_reduce(t, group=g, async_op=True)
+        call_s = time.monotonic() - t0
+        w.wait()
+        out[where] = {"call_s": call_s, "done_s": time.monotonic() - t0, "value": t[0].item()}
+    dist.destroy_process_group()
+    return out
+
+
+def slowdown(rank, world_size, init_method, steps=8, compute_s=0.02):
+    """slowdown=0:3x: rank 0 blocks 2x the time between its collectives; rank 1 never blocks."""
+    _init(rank, world_size, init_method, slowdown="0:3x")
+    t = torch.ones(4)
+    for _ in range(steps):
+        time.sleep(compute_s)  # "compute"
+        dist.all_reduce(t)
+    s = delaycomm.stats(dist.group.WORLD)["slowdown"]
+    report = delaycomm.report(dist.group.WORLD)
+    dist.destroy_process_group()
+    return {"calls": s["calls"], "p50_ms": s["blocked"]["p50_ms"], "min_ms": s["blocked"]["min_ms"],
+            "report": report}

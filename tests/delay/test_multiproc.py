@@ -1,0 +1,90 @@
+"""Delay injection across real processes and real Gloo: correctness, ordering, timeouts, teardown, latency."""
+
+from __future__ import annotations
+
+import pytest
+
+from . import _workers as w
+from ._mp import spawn
+
+pytestmark = [pytest.mark.multiproc]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("delay,fraction", [("lognormal:p50=2ms,p99=20ms", 0.5), ("exp:mean=3ms", 1.0)])
+def test_every_collective_bitwise_equal_to_gloo(delay, fraction):
+    results = spawn(w.collectives_bitwise, 2, timeout=80, delay=delay, fraction=fraction)
+    for r in results:
+        assert r["mismatches"] == []
+        assert r["compared"] > 20
+        assert r["delayed"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_targeting_by_ops_ranks_and_fraction():
+    r0, r1 = spawn(w.targeting, 2)
+    assert r0["got"] == {"allreduce": 0, "broadcast": 0, "allgather": 0}
+    assert r1["got"] == r1["predicted"]
+    assert r1["got"]["allgather"] == 0
+    assert 0 < r1["got"]["allreduce"] < 20 and 0 < r1["got"]["broadcast"] < 20
+    assert r1["delay_p50_us"] == pytest.approx(1000, rel=0.02)
+
+
+@pytest.mark.timeout(90)
+def test_ddp_with_delays_gives_the_same_parameters_under_bsp():
+    for r in spawn(w.ddp_params, 2, timeout=80):
+        assert r["equal"]
+        assert r["delayed"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_async_ops_from_two_threads_keep_their_order():
+    for r in spawn(w.two_threads, 2):
+        assert r["wrong"] == []
+        assert r["delayed"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_delay_longer_than_timeout_is_a_timeout_error_not_a_hang():
+    r0, r1 = spawn(w.delay_beyond_timeout, 2, timeout=50)
+    kind, msg = r0["outcome"]
+    assert kind == "DistBackendError"
+    assert "timed out after 2000 ms (the group's timeout)" in msg
+    assert "held back by an injected delay of 6000 ms" in msg
+    assert r0["elapsed"] < 5.5  # before the delay would have ended
+    assert r1["outcome"][0] != "ok"  # the peer's Gloo op times out too
+
+
+@pytest.mark.timeout(60)
+def test_destroy_with_pending_delayed_ops_is_clean():
+    for r in spawn(w.destroy_pending, 2, timeout=50):
+        assert r["pending_before"] > 0
+        assert r["pending_after"] == 0
+        assert all(o == "ok" or o.startswith("error: ") for o in r["outcomes"]), r["outcomes"]
+
+
+@pytest.mark.timeout(90)
+def test_const_delay_on_one_rank_shifts_everyones_p50_by_the_delay():
+    for rank, p50 in enumerate(spawn(w.latency_shift, 2, timeout=80)):
+        shift_ms = (p50["slow"] - p50["base"]) / 1000
+        assert 16.0 <= shift_ms <= 24.0, (rank, p50)
+
+
+@pytest.mark.timeout(60)
+def test_host_delay_blocks_the_caller_and_network_delay_does_not():
+    r0, r1 = spawn(w.host_vs_network, 2)
+    assert r0["host"]["call_s"] >= 0.5
+    assert r0["network"]["call_s"] < 0.25
+    for r in (r0, r1):
+        for where in ("host", "network"):
+            assert r[where]["value"] == 2.0
+            assert r[where]["done_s"] >= 0.49 if r is r0 else True
+
+
+@pytest.mark.timeout(60)
+def test_slowdown_blocks_the_slow_rank_in_proportion():
+    r0, r1 = spawn(w.slowdown, 2)
+    assert r0["calls"] == 7  # every op but the first, which has no previous one to measure from
+    assert r0["min_ms"] >= 2 * 20 * 0.98  # (3 - 1) x at least the 20 ms of "compute" (histogram: 2%)
+    assert "# slowdown: blocked 7 times" in r0["report"]
+    assert r1["calls"] == 0
