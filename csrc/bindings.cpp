@@ -344,7 +344,14 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("delay_ops", &BackendOptions::delayOps)
       .def_readwrite("delay_on_host", &BackendOptions::delayOnHost)
       .def_readwrite("seed", &BackendOptions::seed)
-      .def_readwrite("slowdown", &BackendOptions::slowdown);
+      .def_readwrite("slowdown", &BackendOptions::slowdown)
+      .def_readwrite("staleness", &BackendOptions::staleness)
+      .def_readwrite("stale_bound", &BackendOptions::staleBound)
+      .def_readwrite("stale_policy", &BackendOptions::stalePolicy)
+      .def_readwrite("ema_alpha", &BackendOptions::emaAlpha)
+      .def_readwrite("step_ms", &BackendOptions::stepMs)
+      .def_readwrite("max_pending", &BackendOptions::maxPending)
+      .def_readwrite("store", &BackendOptions::store);
 
   py::class_<DelayBackend, c10::intrusive_ptr<DelayBackend>, c10d::Backend>(m, "DelayBackend")
       .def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
@@ -361,10 +368,57 @@ PYBIND11_MODULE(_C, m) {
               py::gil_scoped_release release;
               self.harvestCudaTimings();
             }
-            return groupStatsToDict(self.stats());
+            auto d = groupStatsToDict(self.stats());
+            py::dict stale = d["staleness"];
+            auto* e = self.staleness();
+            stale["stale_fresh_ratio_windowed"] = e ? e->windowedRatio() : 0.0;
+            stale["pending_here"] = e ? e->pendingHere() : 0;
+            return d;
           },
           "Telemetry of this group as a dict (see delaycomm.stats).")
       .def("reset_stats", &DelayBackend::resetStats, py::call_guard<py::gil_scoped_release>())
+      // ---- staleness (stale/StalenessEngine.hpp) ----
+      .def("stale_allreduce", &DelayBackend::staleAllreduce, py::arg("tensor"), py::arg("key"),
+           py::arg("average") = false, py::call_guard<py::gil_scoped_release>(),
+           "SUM (or AVG) all-reduce of one tensor as step of stream `key` under the group's staleness model.")
+      .def("flush", &DelayBackend::flush, py::call_guard<py::gil_scoped_release>(),
+           "Deliver every pending stale contribution (collective); returns [(key, delivered sum)].")
+      .def(
+          "stale_pending",
+          [](DelayBackend& self) {
+            auto* e = self.staleness();
+            return py::make_tuple(e ? e->pendingHere() : 0, e ? e->pendingGlobal() : 0);
+          },
+          "(this rank's pending stale contributions, the group's)")
+      .def(
+          "stale_windowed_ratio",
+          [](DelayBackend& self) {
+            auto* e = self.staleness();
+            return e ? e->windowedRatio() : 0.0;
+          })
+      .def(
+          "_set_warning_hook",
+          [](DelayBackend& self, py::function fn) {
+            auto* e = self.staleness();
+            if (!e) {
+              return;
+            }
+            auto holder = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+              if (Py_IsInitialized()) {
+                py::gil_scoped_acquire gil;
+                delete f;
+              }
+            });
+            e->onWarn = [holder](const std::string& msg) {
+              py::gil_scoped_acquire gil;
+              try {
+                (*holder)(msg);
+              } catch (py::error_already_set& err) {
+                err.discard_as_unraisable("delaycomm warning hook");
+              }
+            };
+          },
+          py::arg("fn"))
       .def(
           "_set_shutdown_hook",
           [](DelayBackend& self, py::function fn) {

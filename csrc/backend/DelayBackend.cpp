@@ -109,6 +109,24 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
     }
   }
+  if (options_.staleness != "bsp") {
+    TORCH_CHECK_VALUE(options_.staleness == "ssp" || options_.staleness == "asp",
+                      "delaycomm: DelayBackend: staleness must be bsp, ssp or asp, got ", options_.staleness);
+    TORCH_CHECK_VALUE(options_.store, "delaycomm: DelayBackend: staleness needs the group's store");
+    StalenessEngine::Options so;
+    so.mode = options_.staleness == "asp" ? StalenessEngine::Mode::kAsp : StalenessEngine::Mode::kSsp;
+    so.bound = options_.staleBound;
+    TORCH_CHECK_VALUE(options_.stalePolicy == "ema" || options_.stalePolicy == "apply" ||
+                          options_.stalePolicy == "drop",
+                      "delaycomm: DelayBackend: stale_policy must be ema, apply or drop, got ", options_.stalePolicy);
+    so.policy = options_.stalePolicy == "apply"  ? StalenessEngine::Policy::kApply
+                : options_.stalePolicy == "drop" ? StalenessEngine::Policy::kDrop
+                                                 : StalenessEngine::Policy::kEma;
+    so.alpha = options_.emaAlpha;
+    so.stepMs = options_.stepMs;
+    so.maxPending = options_.maxPending;
+    stale_ = std::make_unique<StalenessEngine>(rank, size, so, schedule_.get(), options_.store, stats_);
+  }
 }
 
 DelayBackend::~DelayBackend() {
@@ -188,7 +206,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKin
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, int64_t bytes,
-                                                 std::vector<at::Tensor> outputs, IssueFn issue, bool asyncOp) {
+                                                 std::vector<at::Tensor> outputs, IssueFn issue, bool asyncOp,
+                                                 bool applyDelay) {
   c10d::Backend& inner = innerFor(op, device);
   const bool slow = options_.slowdown > 1.0;
   if (slow) {
@@ -207,7 +226,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
   s.calls.fetch_add(1, std::memory_order_relaxed);
   s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
 
-  const int64_t delayNs = delayNsFor(op, seq);
+  // The stale path consumes the schedule itself (as staleness, not as network delay).
+  const int64_t delayNs = applyDelay ? delayNsFor(op, seq) : 0;
   if (delayNs > 0) {
     s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
     s.delayNs.record(static_cast<double>(delayNs));
@@ -312,8 +332,66 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
                                                        const c10d::AllreduceOptions& opts) {
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
+  if (stale_ && staleEligible(tensors, opts)) {
+    return runStale(tensors[0], stale_->keyOf(tensors[0]), opts.reduceOp == c10d::ReduceOp::AVG, opts);
+  }
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
              [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
+}
+
+bool DelayBackend::staleEligible(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const {
+  if (tensors.size() != 1 || coalescing_) {
+    return false;
+  }
+  const auto& t = tensors[0];
+  const auto op = opts.reduceOp.op_;
+  return !t.is_sparse() && at::isFloatingType(t.scalar_type()) &&
+         (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG);
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64_t key, bool average,
+                                                      const c10d::AllreduceOptions& opts) {
+  stale_->prepare(tensor, key, average);
+  c10d::AllreduceOptions sumOpts = opts;
+  sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
+  std::vector<at::Tensor> tensors{tensor};
+  return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+             [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
+             /*applyDelay=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
+  std::vector<at::Tensor> tensors{tensor};
+  checkTensors(OpKind::kAllreduce, "tensor", tensors);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  if (!stale_ || !staleEligible(tensors, opts)) {
+    if (average && tensor.is_cpu()) {  // Gloo has no AVG: SUM, then divide (as DDP does)
+      tensor.div_(getSize());
+      opts.reduceOp = c10d::ReduceOp::SUM;
+    }
+    return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+               [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
+  }
+  TORCH_CHECK_VALUE(key < (uint64_t{1} << 40), "delaycomm: stale_allreduce: key must be < 2^40, got ", key);
+  return runStale(tensor, key, average, opts);
+}
+
+std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
+  std::vector<std::pair<uint64_t, at::Tensor>> out;
+  if (!stale_) {
+    return out;
+  }
+  for (auto& [key, local] : stale_->takeFlush()) {
+    std::vector<at::Tensor> tensors{local};
+    c10d::AllreduceOptions opts;
+    auto work = run(OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
+                    [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
+                    /*applyDelay=*/false);
+    work->wait(options_.timeout);
+    out.emplace_back(key, local);
+  }
+  return out;
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -544,6 +622,14 @@ void DelayBackend::shutdown() {
       hook();
     } catch (const std::exception& e) {
       LOG(WARNING) << "delaycomm: the shutdown hook of group " << options_.groupName << " failed: " << e.what();
+    }
+  }
+  if (stale_) {
+    const int64_t pending = stale_->pendingHere();
+    if (pending > 0) {
+      LOG(WARNING) << "delaycomm: group " << options_.groupName << " is destroyed with " << pending
+                   << " stale contribution(s) of this rank still pending: they are not applied. Call "
+                   << "delaycomm.flush(group) before destroy_process_group to deliver them.";
     }
   }
   if (issuer_) {

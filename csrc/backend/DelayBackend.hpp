@@ -16,6 +16,7 @@
 #include "backend/DelayWork.hpp"
 #include "delay/IssuerThread.hpp"
 #include "delay/Schedule.hpp"
+#include "stale/StalenessEngine.hpp"
 #include "stats/OpStats.hpp"
 
 namespace delaycomm {
@@ -35,6 +36,15 @@ struct BackendOptions {
   bool delayOnHost = false;            // delay_where=host: the caller blocks; else network (the op is held back)
   uint64_t seed = 0;
   double slowdown = 1.0;               // this rank's compute slowdown factor K (>= 1; 1 = none)
+
+  // Staleness (SPEC §5; stale/StalenessEngine.hpp). staleness: "bsp" (engine off), "ssp", "asp".
+  std::string staleness = "bsp";
+  int64_t staleBound = 0;
+  std::string stalePolicy = "ema";
+  double emaAlpha = 0.1;
+  double stepMs = 0.0;  // <= 0: calibrated
+  int64_t maxPending = 64;
+  c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration)
 };
 
 // DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
@@ -121,6 +131,13 @@ class DelayBackend : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+  // Staleness (when configured): a SUM/AVG all-reduce of one floating tensor under an explicit key (DDP hook),
+  // and flush(): delivers every pending contribution, one SUM all-reduce per key with any pending anywhere
+  // (collective: every rank calls it at the same point); returns (key, delivered sum) pairs.
+  c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, uint64_t key, bool average);
+  std::vector<std::pair<uint64_t, at::Tensor>> flush();
+  StalenessEngine* staleness() { return stale_.get(); }
+
   // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
   void harvestCudaTimings();
   GroupStats& stats() { return *stats_; }
@@ -143,7 +160,11 @@ class DelayBackend : public c10d::Backend {
   // asyncOp: the c10d option of that name (false: the inner NCCL op may run on the current stream, so a GPU
   // delay must then be joined back into it).
   c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes, std::vector<at::Tensor> outputs,
-                                     IssueFn issue, bool asyncOp = true);
+                                     IssueFn issue, bool asyncOp = true, bool applyDelay = true);
+  // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
+  c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
+                                          const c10d::AllreduceOptions& opts);
+  bool staleEligible(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const;
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,
@@ -157,6 +178,7 @@ class DelayBackend : public c10d::Backend {
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
   std::unique_ptr<DelaySchedule> schedule_;
+  std::unique_ptr<StalenessEngine> stale_;
   std::array<bool, kNumOpKinds> delayOp_{};
   std::unique_ptr<IssuerThread> issuer_;  // CPU network delay only
   std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller

@@ -13,6 +13,7 @@ from delaycomm._backend import nccl_settings, register
 from delaycomm._config import DelayConfig, configure, resolve
 from delaycomm._delay import DelayFit, DelaySampler, fit
 from delaycomm._stats import report, reset_stats, stats
+from delaycomm.stale import ddp_hook, flush, stale_allreduce
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,9 @@ __all__ = [
     "DelaySampler",
     "DelayFit",
     "fit",
+    "ddp_hook",
+    "stale_allreduce",
+    "flush",
     "__version__",
 ]
 

@@ -7,6 +7,7 @@ import logging
 import os
 import threading
 import warnings
+import warnings
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -176,7 +177,9 @@ def create_backend(dist_opts, pg_options):
     native.timeout = timeout
     native.group_name = group_name
     _fill_delay_options(native, cfg, rank, timeout, nccl is not None)
+    _fill_stale_options(native, cfg, store)
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
+    backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
     with _lock:
         _groups[group_name] = (backend, cfg)
@@ -187,6 +190,18 @@ def create_backend(dist_opts, pg_options):
         ", ".join(f"{k}={v!r} ({cfg.sources[k]})" for k, v in cfg.values.items()),
     )
     return backend
+
+
+def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
+    """Copy the staleness options (SPEC §5) into the native BackendOptions."""
+    mode, _, bound = cfg.staleness.partition(":")
+    native.staleness = mode
+    native.stale_bound = int(bound) if bound else 0
+    native.stale_policy = cfg.stale_policy
+    native.ema_alpha = cfg.ema_alpha
+    native.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
+    native.max_pending = cfg.max_pending
+    native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 
 def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta, has_nccl: bool) -> None:
