@@ -3,7 +3,7 @@
 The math lives in the native StalenessEngine (csrc/stale/); these functions only find the group's backend.
 """
 
-from __future__ import annotations
+
 
 
 
@@ -46,7 +46,7 @@ def stale_allreduce(tensor: torch.Tensor, key: int, group=None, average: bool = 
     return None
 
 
-def ddp_hook(process_group, bucket) -> torch.futures.Future:
+def ddp_hook(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
     """DDP communication hook: averages each bucket as its own stale stream, keyed by ``bucket.index()``.
 
     Use it when storage identity is not a reliable key (the default for plain ``all_reduce`` calls)::
