@@ -171,3 +171,18 @@ def test_a_million_line_trace_is_fine(tmp_path):
     s = _C.DelaySampler(f"trace:{path}")
     assert s.describe()["parameters"]["n"] == 1e6
     assert s.quantile(0.5) == pytest.approx(500.5e-6, rel=1e-3)
+
+
+def test_creator_fills_the_native_options_and_warns_when_the_tail_passes_the_timeout():
+    from datetime import timedelta
+
+    from delaycomm._backend import _fill_delay_options
+    from delaycomm._config import resolve
+
+    cfg = resolve(delaycomm.DelayConfig(delay="exp:p99=10s", delay_ranks="1", delay_ops="all_reduce,broadcast",
+                                        delay_where="host", seed=3, slowdown="1:4x"), env={})
+    native = _C.BackendOptions()
+    with pytest.warns(RuntimeWarning, match=r"has a P99.99 of 20.000 s, longer than the group's timeout of 5 s"):
+        _fill_delay_options(native, cfg, 1, timedelta(seconds=5), False)
+    assert (native.delay, native.delay_fraction, native.delay_ranks, native.delay_ops, native.delay_on_host,
+            native.seed, native.slowdown) == ("exp:p99=10s", 0.3, [1], ["allreduce", "broadcast"], True, 3, 4.0)
