@@ -123,8 +123,6 @@ def targeting(rank, world_size, init_method):
     backend = backend_of(dist.group.WORLD)
     predicted = {"allreduce": 0, "broadcast": 0, "allgather": 0}
     for i in range(60):
-        seq_before = backend.get_sequence_number_for_group() if hasattr(backend, "get_sequence_number_for_group") \
-            else None
         t = torch.ones(4)
         kind = ("allreduce", "broadcast", "allgather")[i % 3]
         if kind == "allreduce":
@@ -133,7 +131,6 @@ def targeting(rank, world_size, init_method):
             dist.broadcast(t, src=0)
         else:
             dist.all_gather([torch.empty(4) for _ in range(world_size)], t)
-        _ = seq_before
         predicted[kind] += int(backend.delay_ns_for(kind, i + 1) > 0)
     s = delaycomm.stats(dist.group.WORLD)["ops"]
     got = {k: s[k]["delayed_calls"] for k in predicted}
@@ -171,7 +168,7 @@ def ddp_params(rank, world_size, init_method, steps=6):
 
 def two_threads(rank, world_size, init_method, n=40):
     """Two threads take turns issuing async all-reduces; the delays differ per call; results must match order."""
-    _init(rank, world_size, init_method, delay="exp:p99=20ms", delay_fraction=0.5, seed=rank * 0 + 9)
+    _init(rank, world_size, init_method, delay="exp:p99=20ms", delay_fraction=0.5, seed=9)
     turn = threading.Condition()
     state = {"next": 0}
     works: list = [None] * n

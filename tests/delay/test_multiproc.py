@@ -60,7 +60,7 @@ def test_destroy_with_pending_delayed_ops_is_clean():
     for r in spawn(w.destroy_pending, 2, timeout=50):
         assert r["pending_before"] > 0
         assert r["pending_after"] == 0
-        assert all(o == "ok" or o.startswith("error: ") for o in r["outcomes"]), r["outcomes"]
+        assert r["outcomes"] == ["ok"] * 8  # issued at destroy, in order, on every rank: nothing lost
 
 
 @pytest.mark.timeout(90)
