@@ -281,3 +281,38 @@ def slowdown(rank, world_size, init_method, steps=8, compute_s=0.02):
     dist.destroy_process_group()
     return {"calls": s["calls"], "p50_ms": s["blocked"]["p50_ms"], "min_ms": s["blocked"]["min_ms"],
             "report": report}
+
+
+def inner_errors(rank, world_size, init_method):
+    """An op the inner Gloo rejects, held back by a delay: its error reaches wait() and the future, as without
+    delay; the group goes on."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    delayed = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
+        delay="const:50ms", delay_fraction=1.0, delay_ops="allreduce"))
+    plain = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
+    out = {}
+    t = torch.ones(4)
+    work = dist.all_reduce(t, op=dist.ReduceOp.BAND, group=delayed, async_op=True)  # floats: Gloo refuses
+    out["completed_before"] = work.is_completed()
+    try:
+        work.wait()
+        out["wait"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out["wait"] = f"{type(e).__name__}: {e}"
+    out["completed_after"] = work.is_completed()
+    out["exception"] = work.exception() is not None
+    try:
+        work.get_future().wait()
+        out["future"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out["future"] = f"{type(e).__name__}: {e}"
+    dist.all_reduce(t, group=delayed)
+    out["next_value"] = t[0].item()
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.BAND, group=plain, async_op=True).wait()
+        out["undelayed"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out["undelayed"] = f"{type(e).__name__}: {e}"
+    out["errors"] = delaycomm.stats(delayed)["ops"]["allreduce"]["errors"]
+    dist.destroy_process_group()
+    return out

@@ -88,3 +88,14 @@ def test_slowdown_blocks_the_slow_rank_in_proportion():
     assert r0["min_ms"] >= 2 * 20 * 0.98  # (3 - 1) x at least the 20 ms of "compute" (histogram: 2%)
     assert "# slowdown: blocked 7 times" in r0["report"]
     assert r1["calls"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_errors_of_the_inner_op_reach_wait_and_the_future():
+    for r in spawn(w.inner_errors, 2):
+        assert r["completed_before"] is False
+        assert "Cannot use ReduceOp.BAND with non-integral dtype" in r["wait"]
+        assert r["wait"] == r["future"] == r["undelayed"]  # the same error as without delay
+        assert r["completed_after"] is True and r["exception"] is True
+        assert r["next_value"] == 2.0
+        assert r["errors"] == 1
