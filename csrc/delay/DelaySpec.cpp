@@ -236,6 +236,13 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
     const std::string key = lower(trim(arg.substr(0, eq)));
     const std::string_view valueText = trim(arg.substr(eq + 1));
     if (!seen.insert(key).second) badSpec(rawText, "key " + quoted(key) + " is given twice");
+    double q = 0.0;
+    if (key != "mean") {
+      const std::string qwhy = percentileError(key, &q);
+      if (!qwhy.empty()) {
+        badSpec(rawText, "key " + quoted(key) + " " + qwhy + (key[0] == 'p' ? "" : " (or mean= for exp)"));
+      }
+    }
     double v = 0.0;
     const std::string why = durationError(valueText, &v);
     if (!why.empty()) badSpec(rawText, "value of " + quoted(key) + " " + quoted(valueText) + " " + why);
@@ -246,9 +253,6 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
       spec.expMeanSeconds = v;
       continue;
     }
-    double q = 0.0;
-    const std::string qwhy = percentileError(key, &q);
-    if (!qwhy.empty()) badSpec(rawText, "key " + quoted(key) + " " + qwhy);
     for (const auto& p : spec.percentiles) {
       if (p.q == q) badSpec(rawText, "key " + quoted(key) + " names a percentile that is given twice");
     }

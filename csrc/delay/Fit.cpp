@@ -30,7 +30,8 @@ std::string dur(double s) {
 std::string specText(const std::string& family, const std::vector<FitTarget>& comp) {
   std::string s = family + ":";
   for (size_t i = 0; i < comp.size(); ++i) {
-    s += (i ? "," : "") + pct(comp[i].q) + "=" + dur(comp[i].seconds);
+    if (i > 0) s += ',';
+    s += pct(comp[i].q) + "=" + dur(comp[i].seconds);
   }
   return s;
 }

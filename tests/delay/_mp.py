@@ -21,7 +21,7 @@ def _entry(fn: Callable[..., Any], rank: int, world_size: int, store_dir: str, q
         q.put((rank, "error", traceback.format_exc()))
 
 
-def spawn(fn: Callable[..., Any], world_size: int = 2, timeout: float = 50.0, **kwargs: Any) -> list[Any]:
+def spawn(fn: Callable[..., Any], world_size: int = 2, timeout: float = 55.0, **kwargs: Any) -> list[Any]:
     """Runs ``fn(rank, world_size, init_method, **kwargs)`` in ``world_size`` processes; returns results by rank.
 
     Raises AssertionError with the rank's traceback when a rank fails, or when a rank has not answered (or

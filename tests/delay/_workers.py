@@ -93,7 +93,7 @@ def _c_barrier(g, r, w, i):
 COLLECTIVES = {name[3:]: fn for name, fn in sorted(globals().items()) if name.startswith("_c_")}
 
 
-def collectives_bitwise(rank, world_size, init_method, delay, fraction, rounds=3):
+def collectives_bitwise(rank, world_size, init_method, delay, fraction, rounds=2):
     """Every collective through a delayed delaycomm group and through plain Gloo: outputs bitwise equal."""
     _init(rank, world_size, init_method, delay=delay, delay_fraction=fraction, seed=11)
     gloo = dist.new_group(backend="gloo")
@@ -123,8 +123,6 @@ def targeting(rank, world_size, init_method):
     backend = backend_of(dist.group.WORLD)
     predicted = {"allreduce": 0, "broadcast": 0, "allgather": 0}
     for i in range(60):
-        seq_before = backend.get_sequence_number_for_group() if hasattr(backend, "get_sequence_number_for_group") \
-            else None
         t = torch.ones(4)
         kind = ("allreduce", "broadcast", "allgather")[i % 3]
         if kind == "allreduce":
@@ -133,7 +131,6 @@ def targeting(rank, world_size, init_method):
             dist.broadcast(t, src=0)
         else:
             dist.all_gather([torch.empty(4) for _ in range(world_size)], t)
-        _ = seq_before
         predicted[kind] += int(backend.delay_ns_for(kind, i + 1) > 0)
     s = delaycomm.stats(dist.group.WORLD)["ops"]
     got = {k: s[k]["delayed_calls"] for k in predicted}
@@ -171,7 +168,7 @@ def ddp_params(rank, world_size, init_method, steps=6):
 
 def two_threads(rank, world_size, init_method, n=40):
     """Two threads take turns issuing async all-reduces; the delays differ per call; results must match order."""
-    _init(rank, world_size, init_method, delay="exp:p99=20ms", delay_fraction=0.5, seed=rank * 0 + 9)
+    _init(rank, world_size, init_method, delay="exp:p99=20ms", delay_fraction=0.5, seed=9)
     turn = threading.Condition()
     state = {"next": 0}
     works: list = [None] * n
@@ -284,3 +281,38 @@ def slowdown(rank, world_size, init_method, steps=8, compute_s=0.02):
     dist.destroy_process_group()
     return {"calls": s["calls"], "p50_ms": s["blocked"]["p50_ms"], "min_ms": s["blocked"]["min_ms"],
             "report": report}
+
+
+def inner_errors(rank, world_size, init_method):
+    """An op the inner Gloo rejects, held back by a delay: its error reaches wait() and the future, as without
+    delay; the group goes on."""
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
+    delayed = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
+        delay="const:50ms", delay_fraction=1.0, delay_ops="allreduce"))
+    plain = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
+    out = {}
+    t = torch.ones(4)
+    work = dist.all_reduce(t, op=dist.ReduceOp.BAND, group=delayed, async_op=True)  # floats: Gloo refuses
+    out["completed_before"] = work.is_completed()
+    try:
+        work.wait()
+        out["wait"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out["wait"] = f"{type(e).__name__}: {e}"
+    out["completed_after"] = work.is_completed()
+    out["exception"] = work.exception() is not None
+    try:
+        work.get_future().wait()
+        out["future"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out["future"] = f"{type(e).__name__}: {e}"
+    dist.all_reduce(t, group=delayed)
+    out["next_value"] = t[0].item()
+    try:
+        dist.all_reduce(t, op=dist.ReduceOp.BAND, group=plain, async_op=True).wait()
+        out["undelayed"] = "ok"
+    except Exception as e:  # noqa: BLE001
+        out["undelayed"] = f"{type(e).__name__}: {e}"
+    out["errors"] = delaycomm.stats(delayed)["ops"]["allreduce"]["errors"]
+    dist.destroy_process_group()
+    return out

@@ -10,10 +10,10 @@ from ._mp import spawn
 pytestmark = [pytest.mark.multiproc]
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 @pytest.mark.parametrize("delay,fraction", [("lognormal:p50=2ms,p99=20ms", 0.5), ("exp:mean=3ms", 1.0)])
 def test_every_collective_bitwise_equal_to_gloo(delay, fraction):
-    results = spawn(w.collectives_bitwise, 2, timeout=80, delay=delay, fraction=fraction)
+    results = spawn(w.collectives_bitwise, 2, timeout=55, delay=delay, fraction=fraction)
     for r in results:
         assert r["mismatches"] == []
         assert r["compared"] > 20
@@ -30,9 +30,9 @@ def test_targeting_by_ops_ranks_and_fraction():
     assert r1["delay_p50_us"] == pytest.approx(1000, rel=0.02)
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_ddp_with_delays_gives_the_same_parameters_under_bsp():
-    for r in spawn(w.ddp_params, 2, timeout=80):
+    for r in spawn(w.ddp_params, 2, timeout=55):
         assert r["equal"]
         assert r["delayed"] > 0
 
@@ -46,7 +46,7 @@ def test_async_ops_from_two_threads_keep_their_order():
 
 @pytest.mark.timeout(60)
 def test_delay_longer_than_timeout_is_a_timeout_error_not_a_hang():
-    r0, r1 = spawn(w.delay_beyond_timeout, 2, timeout=50)
+    r0, r1 = spawn(w.delay_beyond_timeout, 2, timeout=55)
     kind, msg = r0["outcome"]
     assert kind == "DistBackendError"
     assert "timed out after 2000 ms (the group's timeout)" in msg
@@ -57,15 +57,15 @@ def test_delay_longer_than_timeout_is_a_timeout_error_not_a_hang():
 
 @pytest.mark.timeout(60)
 def test_destroy_with_pending_delayed_ops_is_clean():
-    for r in spawn(w.destroy_pending, 2, timeout=50):
+    for r in spawn(w.destroy_pending, 2, timeout=55):
         assert r["pending_before"] > 0
         assert r["pending_after"] == 0
-        assert all(o == "ok" or o.startswith("error: ") for o in r["outcomes"]), r["outcomes"]
+        assert r["outcomes"] == ["ok"] * 8  # issued at destroy, in order, on every rank: nothing lost
 
 
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(60)
 def test_const_delay_on_one_rank_shifts_everyones_p50_by_the_delay():
-    for rank, p50 in enumerate(spawn(w.latency_shift, 2, timeout=80)):
+    for rank, p50 in enumerate(spawn(w.latency_shift, 2, timeout=55)):
         shift_ms = (p50["slow"] - p50["base"]) / 1000
         assert 16.0 <= shift_ms <= 24.0, (rank, p50)
 
@@ -88,3 +88,14 @@ def test_slowdown_blocks_the_slow_rank_in_proportion():
     assert r0["min_ms"] >= 2 * 20 * 0.98  # (3 - 1) x at least the 20 ms of "compute" (histogram: 2%)
     assert "# slowdown: blocked 7 times" in r0["report"]
     assert r1["calls"] == 0
+
+
+@pytest.mark.timeout(60)
+def test_errors_of_the_inner_op_reach_wait_and_the_future():
+    for r in spawn(w.inner_errors, 2):
+        assert r["completed_before"] is False
+        assert "Cannot use ReduceOp.BAND with non-integral dtype" in r["wait"]
+        assert r["wait"] == r["future"] == r["undelayed"]  # the same error as without delay
+        assert r["completed_after"] is True and r["exception"] is True
+        assert r["next_value"] == 2.0
+        assert r["errors"] == 1

@@ -1,0 +1,188 @@
+"""Delay spec grammar, durations and trace files: every form, and bad input with pinned messages."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import delaycomm
+from delaycomm import _C
+
+GOOD = [
+    ("none", "none"),
+    ("const:50ms", "const"),
+    ("const: 1.5s", "const"),
+    ("const:0ns", "const"),
+    ("exp:p99=400ms", "exp"),
+    ("EXP:mean=400ms", "exp"),
+    ("exp:p50=2.5us", "exp"),
+    ("exp:p99.9=1s", "exp"),
+    ("lognormal:p50=60ms,p99=400ms", "lognormal"),
+    ("lognormal:p99=400ms,p50=60ms", "lognormal"),
+    ("lognormal:p50=60ms,p99=400ms,p999=2s", "lognormal"),
+    ("pareto:p50=60ms,p99=400ms", "pareto"),
+    ("pareto:p50=60ms,p99=400ms,p999=700ms", "pareto"),
+    ("pareto:p05=1ms,p95=1e2ms", "pareto"),
+]
+
+
+@pytest.mark.parametrize("spec,family", GOOD)
+def test_every_good_form_parses(spec, family):
+    d = _C.parse_delay_spec(spec)
+    assert d["family"] == family
+
+
+def test_percentile_keys_mean_what_they_say():
+    assert _C.DelaySampler("exp:p999=1s").quantile(0.999) == pytest.approx(1.0, rel=1e-12)
+    assert _C.DelaySampler("exp:p99.9=1s").quantile(0.999) == pytest.approx(1.0, rel=1e-12)
+    assert _C.DelaySampler("exp:p05=1s").quantile(0.05) == pytest.approx(1.0, rel=1e-12)
+    assert _C.DelaySampler("exp:p5=1s").quantile(0.5) == pytest.approx(1.0, rel=1e-12)
+
+
+@pytest.mark.parametrize("text,seconds", [("1ns", 1e-9), ("2.5us", 2.5e-6), ("2.5\u00b5s", 2.5e-6), ("40ms", 0.04),
+                                          ("3s", 3.0), ("1e3ms", 1.0), (" 7 ms ", 0.007), ("+1s", 1.0)])
+def test_durations(text, seconds):
+    assert _C.parse_duration(text) == pytest.approx(seconds, rel=1e-12)
+
+
+BAD = [
+    ("exp", r"'exp': expected FAMILY:ARGUMENTS"),
+    ("gauss:p50=1ms", r"unknown family 'gauss'"),
+    ("exp:p99=400", r"value of 'p99' '400' has no unit \(expected one of ns, us, ms, s"),
+    ("exp:p99=400 parsecs", r"has an unknown unit 'parsecs'"),
+    ("exp:p99=-4ms", r"is negative \(a delay must be >= 0\)"),
+    ("exp:p99=nanms", r"is not a number with a unit"),
+    ("exp:p99=infms", r"is not a number with a unit"),
+    ("exp:p99=1e999s", r"is out of range"),
+    ("exp:p99=0ms", r"the exp parameter must be > 0"),
+    ("exp:p50=1ms,p99=2ms", r"exp takes exactly one of mean=DURATION or one percentile"),
+    ("exp:mean=1ms,mean=2ms", r"key 'mean' is given twice"),
+    ("exp:rate=0.0025", r"key 'rate' expected a percentile key such as p50, p99, p999 or p99.9 \(or mean= for exp\)"),
+    ("exp:p100=1ms", r"key 'p100' is ambiguous"),
+    ("exp:p0=1ms", r"must name a percentile strictly between 0 and 100"),
+    ("exp:p99.=1ms", r"expected digits after the '.'"),
+    ("exp:p99", r"expects KEY=DURATION arguments"),
+    ("const:", r"const duration '' is empty"),
+    ("const:5", r"has no unit"),
+    ("lognormal:p50=60ms", r"lognormal takes two percentiles"),
+    ("lognormal:mean=60ms,p99=1s", r"lognormal is given by percentiles"),
+    ("lognormal:p50=60ms,p99=40ms", r"percentiles must increase with the quantile"),
+    ("lognormal:p50=0ms,p99=40ms", r"lognormal percentiles must be > 0"),
+    ("lognormal:p50=60ms,p99.0=400ms,p99=1s", r"names a percentile that is given twice"),
+    ("lognormal:p50=60ms,p99=400ms,p999=500ms", r"p99.9 must be at least 745.762ms \(the plain lognormal's\)"),
+    ("pareto:p50=60ms,p99=400ms,p999=410ms", r"no generalised Pareto with a location >= 0 has p99.9=410ms"),
+    ("pareto:p10=1ms,p50=2ms,p90=3ms,p99=4ms", r"pareto takes two percentiles"),
+    ("trace:", r"trace needs a file path"),
+]
+
+
+@pytest.mark.parametrize("spec,message", BAD)
+def test_bad_specs_say_what_is_wrong_and_what_is_accepted(spec, message):
+    with pytest.raises(ValueError, match=message) as e:
+        _C.parse_delay_spec(spec)
+    text = str(e.value)
+    assert text.startswith("delaycomm: invalid delay spec")
+    if "no lognormal" not in text and "no generalised Pareto" not in text:
+        assert "accepted: none, const:50ms, exp:p99=400ms" in text
+
+
+def test_bad_spec_through_the_option_names_option_and_variable():
+    with pytest.raises(ValueError, match=r"invalid value 'exp:p99=400' for option 'delay' \(environment variable "
+                                         r"DELAYCOMM_DELAY\) from a keyword: expected delaycomm: invalid delay spec"):
+        delaycomm.DelayConfig(delay="exp:p99=400")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(max_size=60))
+def test_random_strings_parse_or_raise_value_error(text):
+    try:
+        d = _C.parse_delay_spec(text)
+    except ValueError as e:
+        assert str(e).startswith("delaycomm: ")
+        return
+    assert d["family"] in {"none", "const", "exp", "lognormal", "pareto", "trace"}
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.from_regex(r"(exp|lognormal|pareto|const):[p0-9.=,a-z\-+e ]{0,30}", fullmatch=True))
+def test_random_near_miss_specs_parse_or_raise_value_error(text):
+    try:
+        d = _C.parse_delay_spec(text)
+    except ValueError as e:
+        assert str(e).startswith("delaycomm: ")
+        return
+    s = _C.DelaySampler(text)
+    assert math.isfinite(s.quantile(0.5)) and s.quantile(0.5) >= 0
+    assert d["family"] in {"const", "exp", "lognormal", "pareto"}
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Trace files
+
+
+def _write(tmp_path, text, name="t.txt"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_trace_file_format(tmp_path):
+    path = _write(tmp_path, "# latencies of one day\n\n 12ms\n800us\n1.5s\n  # a comment\n3ms\n")
+    s = _C.DelaySampler(f"trace:{path}")
+    d = s.describe()
+    assert d["family"] == "trace" and d["trace_path"] == path
+    assert d["parameters"] == pytest.approx({"n": 4.0, "min_s": 0.0008, "max_s": 1.5}, rel=1e-12)
+    assert s.quantile(0.0) == pytest.approx(0.0008) and s.quantile(1.0) == pytest.approx(1.5)
+
+
+@pytest.mark.parametrize("text,message", [
+    ("", r"has no latencies"),
+    ("# only comments\n\n", r"has no latencies"),
+    ("1ms\n2ms\n-3ms\n", r"line 3: '-3ms' is negative"),
+    ("1ms\nnan\n", r"line 2: 'nan' is not a number with a unit"),
+    ("1ms\nNaNms\n", r"line 2: 'NaNms' is not a number with a unit"),
+    ("1ms\n\n# c\n12\n", r"line 4: '12' has no unit"),
+    ("1ms\n5 furlongs\n", r"line 2: '5 furlongs' has an unknown unit 'furlongs'"),
+    ("1ms,2ms\n", r"line 1: '1ms,2ms' has an unknown unit"),
+])
+def test_malformed_trace_files_name_the_line(tmp_path, text, message):
+    path = _write(tmp_path, text)
+    with pytest.raises(ValueError, match=message) as e:
+        _C.parse_delay_spec(f"trace:{path}")
+    assert path in str(e.value)
+    if "line" in message:
+        assert "expected one latency per line with a unit (ns, us, ms, s)" in str(e.value)
+
+
+def test_missing_trace_file(tmp_path):
+    with pytest.raises(ValueError, match=r"trace file '.*nope.txt' cannot be opened"):
+        _C.parse_delay_spec(f"trace:{tmp_path}/nope.txt")
+
+
+@pytest.mark.timeout(60)
+def test_a_million_line_trace_is_fine(tmp_path):
+    path = tmp_path / "big.txt"
+    with open(path, "w") as f:
+        f.write("\n".join(f"{(i % 1000) + 1}us" for i in range(10**6)))
+        f.write("\n")
+    s = _C.DelaySampler(f"trace:{path}")
+    assert s.describe()["parameters"]["n"] == 1e6
+    assert s.quantile(0.5) == pytest.approx(500.5e-6, rel=1e-3)
+
+
+def test_creator_fills_the_native_options_and_warns_when_the_tail_passes_the_timeout():
+    from datetime import timedelta
+
+    from delaycomm._backend import _fill_delay_options
+    from delaycomm._config import resolve
+
+    cfg = resolve(delaycomm.DelayConfig(delay="exp:p99=10s", delay_ranks="1", delay_ops="all_reduce,broadcast",
+                                        delay_where="host", seed=3, slowdown="1:4x"), env={})
+    native = _C.BackendOptions()
+    with pytest.warns(RuntimeWarning, match=r"has a P99.99 of 20.000 s, longer than the group's timeout of 5 s"):
+        _fill_delay_options(native, cfg, 1, timedelta(seconds=5), False)
+    assert (native.delay, native.delay_fraction, native.delay_ranks, native.delay_ops, native.delay_on_host,
+            native.seed, native.slowdown) == ("exp:p99=10s", 0.3, [1], ["allreduce", "broadcast"], True, 3, 4.0)
