@@ -472,7 +472,11 @@ PYBIND11_MODULE(_C, m) {
         kernels::fusedBlend(grad, freshScale, stale, staleScales, stash);
       },
       py::arg("grad"), py::arg("fresh_scale"), py::arg("stale"), py::arg("stale_scales"),
-      py::arg("stash") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      // NOTE: keeps the GIL (no gil_scoped_release): this is a test and benchmark entry point, and on the H200
+      // machine (torch 2.11, Python 3.12, GCC 13) the first bad-input test segfaulted while raising under a
+      // released GIL (cause not established; not reproduced with torch 2.13 or 2.14 here). The staleness engine
+      // calls fusedBlend from C++.
+      py::arg("stash") = py::none(),
       "In place: stash = grad (if given), then grad = fresh_scale * grad + sum_i stale_scales[i] * stale[i], in one "
       "pass (see csrc/kernels/Blend.hpp). For tests and benchmarks; the staleness engine calls it from C++.");
   m.def("_blend_cpu_isa", &kernels::detail::blendCpuIsa, "The CPU blend loops' instruction set: 'avx2' or 'baseline'.");
