@@ -176,6 +176,9 @@ class RunResult:
         updates: Updates the server applied within the budget.
         dropped: Arrivals the ``drop`` policy discarded.
         staleness: Staleness of every arrival (applied or dropped), in order.
+        arrival_time: Time of every arrival (s).
+        arrival_worker: Worker of every arrival.
+        arrival_step: The worker's step number (1-based) of every arrival.
         final_loss: Full-data loss at the end of the budget.
         curve_time: Times of the loss samples (s).
         curve_loss: Loss samples.
@@ -190,6 +193,9 @@ class RunResult:
     updates: int
     dropped: int
     staleness: np.ndarray
+    arrival_time: np.ndarray
+    arrival_worker: np.ndarray
+    arrival_step: np.ndarray
     final_loss: float
     curve_time: np.ndarray
     curve_loss: np.ndarray
@@ -243,15 +249,33 @@ class _Delays:
         return delay
 
 
+class _Blocks:
+    """Hands out draws one at a time from blocks of ``draw(k)``: far fewer RNG calls, same determinism."""
+
+    def __init__(self, draw: Callable[[int], np.ndarray], block: int = 256) -> None:
+        self._draw = draw
+        self._block = block
+        self._buf = draw(block)
+        self._k = 0
+
+    def next(self):
+        if self._k == len(self._buf):
+            self._buf, self._k = self._draw(self._block), 0
+        self._k += 1
+        return self._buf[self._k - 1]
+
+
 def _jitter_sampler(spec: str, rng: np.random.Generator) -> Callable[[], float]:
     kind, v = parse_jitter(spec)
     if kind == "none" or v == 0.0:
         return lambda: 1.0
     if kind == "lognormal":
-        return lambda: float(rng.lognormal(-0.5 * v * v, v))
-    if kind == "exp":
-        return lambda: 1.0 - v + v * float(rng.exponential())
-    return lambda: float(rng.uniform(1.0 - v, 1.0 + v))
+        blocks = _Blocks(lambda k: rng.lognormal(-0.5 * v * v, v, size=k).tolist())
+    elif kind == "exp":
+        blocks = _Blocks(lambda k: (1.0 - v + v * rng.exponential(size=k)).tolist())
+    else:
+        blocks = _Blocks(lambda k: rng.uniform(1.0 - v, 1.0 + v, size=k).tolist())
+    return blocks.next
 
 
 def _stream(seed: int, purpose: int, worker: int) -> np.random.Generator:
@@ -294,7 +318,10 @@ def simulate(
 
     factors = [config.straggler if i < config.stragglers else 1.0 for i in range(n)]
     jitters = [_jitter_sampler(config.jitter, _stream(config.seed, 1, i)) for i in range(n)]
-    batch_rngs = [_stream(config.seed, 2, i) for i in range(n)]
+    batches = [
+        _Blocks(lambda k, i=i, rng=_stream(config.seed, 2, i): problem.sample_rows(i, rng, k), block=64)
+        for i in range(n)
+    ]
     delays = [
         _Delays(None if delay_samplers is None else delay_samplers[i], config.delay_fraction,
                 _stream(config.seed, 3, i))
@@ -315,6 +342,7 @@ def simulate(
     blocked_seconds = [0.0] * n
     waiting_own = [False] * n
     staleness: list[int] = []
+    arrivals: list[tuple[float, int, int]] = []  # (time, worker, step)
     round_grads: list[np.ndarray] = []
     round_read: np.ndarray | None = None
     grid = np.arange(0.0, config.budget + 1e-12, config.eval_interval)
@@ -327,7 +355,7 @@ def simulate(
 
     def start(i: int, t: float) -> None:
         read = opt.read()
-        rows = problem.sample_rows(i, batch_rngs[i])
+        rows = batches[i].next()
         computing[i] = (problem.gradient(read, rows), version, read)
         push(t + config.base_time * factors[i] * jitters[i]() + config.comm, _DONE, i)
 
@@ -348,13 +376,14 @@ def simulate(
 
     def arrive(i: int, t: float) -> None:
         nonlocal version, updates, dropped, round_read
-        grad, read_version, read = inflight[i].popleft()
+        grad, read_version, read, step = inflight[i].popleft()
         arrived[i] += 1
+        arrivals.append((t, i, step))
         if bsp:
+            staleness.append(0)  # everyone read the parameters of the round's start
             round_grads.append(grad)
             round_read = read
             if len(round_grads) == n:
-                staleness.extend([0] * n)
                 opt.apply(np.mean(round_grads, axis=0), 0, round_read)
                 version += 1
                 updates += 1
@@ -379,7 +408,7 @@ def simulate(
 
     def done(i: int, t: float) -> None:
         pushed[i] += 1
-        inflight[i].append(computing[i])
+        inflight[i].append((*computing[i], pushed[i]))
         computing[i] = None
         at = max(t + delays[i].next(), last_arrival[i])
         last_arrival[i] = at
@@ -418,6 +447,9 @@ def simulate(
         updates=updates,
         dropped=dropped,
         staleness=np.asarray(staleness, dtype=np.int64),
+        arrival_time=np.array([a[0] for a in arrivals], dtype=np.float64),
+        arrival_worker=np.array([a[1] for a in arrivals], dtype=np.int64),
+        arrival_step=np.array([a[2] for a in arrivals], dtype=np.int64),
         final_loss=final_loss,
         curve_time=grid,
         curve_loss=np.asarray(curve_loss),

@@ -89,6 +89,7 @@ class LogisticProblem:
         p = _sigmoid(self.x @ self.w_star)
         # Labels in {-1, +1}: loss = mean log(1 + exp(-y * x.w)).
         self.y = np.where(rng.random(config.samples) < p, 1.0, -1.0)
+        self._yx = self.y[:, None] * self.x  # loss = mean log(1 + exp(-yx . w))
         bounds = np.linspace(0, config.samples, workers + 1).astype(np.int64)
         self.shards = [(int(bounds[i]), int(bounds[i + 1])) for i in range(workers)]
         # Smoothness of the mean log-loss: lambda_max(X^T X) / (4 n).
@@ -105,19 +106,26 @@ class LogisticProblem:
 
     def loss(self, w: np.ndarray) -> float:
         """Mean log-loss over all rows at ``w``."""
-        return float(np.mean(_log1pexp(-self.y * (self.x @ w))))
+        return float(np.mean(_log1pexp(-(self._yx @ w))))
 
     def gradient(self, w: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Gradient of the mean log-loss over ``rows`` at ``w``."""
-        xb = self.x[rows]
-        yb = self.y[rows]
-        coef = -yb * _sigmoid(-yb * (xb @ w))
-        return (coef @ xb) / len(rows)
+        yxb = self._yx[rows]
+        return -(_sigmoid(-(yxb @ w)) @ yxb) / len(rows)
 
-    def sample_rows(self, worker: int, rng: np.random.Generator) -> np.ndarray:
-        """Draw one mini-batch of row indices from ``worker``'s shard."""
+    def sample_rows(self, worker: int, rng: np.random.Generator, count: int = 1) -> np.ndarray:
+        """Draw ``count`` mini-batches of row indices from ``worker``'s shard.
+
+        Args:
+            worker: Whose shard.
+            rng: The worker's batch stream.
+            count: Number of batches.
+
+        Returns:
+            An int64 array of shape ``(count, batch)``.
+        """
         lo, hi = self.shards[worker]
-        return rng.integers(lo, hi, size=self.config.batch)
+        return rng.integers(lo, hi, size=(count, self.config.batch))
 
     def optimum(self, iterations: int = 30) -> tuple[np.ndarray, float]:
         """Minimise the full loss with Newton's method (for reference lines).
