@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import FakeSampler
+from simfakes import FakeSampler
 
 from delaycomm.sim import __main__ as cli
 

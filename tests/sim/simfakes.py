@@ -1,11 +1,10 @@
-"""Shared helpers of the simulator tests: a test-only delay sampler and small configs."""
+"""Helpers of the simulator tests: a test-only delay sampler and small configs (imported, not a conftest)."""
 
 from __future__ import annotations
 
 import dataclasses
 
 import numpy as np
-import pytest
 
 from delaycomm.sim import ProblemConfig, SimConfig, StepConfig
 
@@ -43,12 +42,6 @@ class FakeSampler:
             return np.full(n, self.mean)
         rng = np.random.default_rng([self.seed, self.rank, stream])
         return rng.exponential(self.mean, size=start + n)[start:]
-
-
-@pytest.fixture
-def fake_factory():
-    """``(spec, seed, rank) -> FakeSampler``, the shape of ``delaycomm.DelaySampler``."""
-    return lambda spec, seed, rank: FakeSampler(spec, seed=seed, rank=rank)
 
 
 def small(**overrides) -> SimConfig:

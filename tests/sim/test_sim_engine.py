@@ -6,7 +6,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from conftest import FakeSampler, small
+from simfakes import FakeSampler, small
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
