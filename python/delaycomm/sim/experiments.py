@@ -235,8 +235,8 @@ def scenario_groups(
     """The scenarios beyond the seed, all on seed 002's cluster.
 
     Groups: the three models under a heavy-tailed network delay; the stale
-    policies under ASP with that delay; the step-size rules under ASP with
-    that delay.
+    policies under ASP with that delay (stale after N - 1 and after
+    2(N - 1) updates); the step-size rules under ASP with that delay.
 
     Args:
         seeds: Run seeds.
@@ -255,7 +255,10 @@ def scenario_groups(
 
     lr = seed002_config(**overrides).step.lr
     models = [(m, cfgs(m)) for m in ("bsp", "ssp:2", "asp")]
+    n = seed002_config(**overrides).workers
     policies = [(p, cfgs("asp", policy=p)) for p in ("apply", "drop", "ema")]
+    # The default threshold calls an update stale after N - 1 others landed; the wider one after 2(N - 1).
+    policies += [(f"{p}, stale>{2 * (n - 1)}", cfgs("asp", policy=p, stale_after=2 * (n - 1))) for p in ("drop", "ema")]
     rules = [
         (rule, cfgs("asp", step=StepConfig(rule=rule, lr=lr)))
         for rule in ("const", "staleness", "adadelay", "dcasgd", "dcasgd-a", "anytime")

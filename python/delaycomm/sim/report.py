@@ -253,6 +253,8 @@ def plot_staleness(series: Sequence[tuple[str, Sequence[RunResult]]], path: str,
         hi = int(stale.max()) if stale.size else 0
         ax.hist(stale, bins=np.arange(-0.5, hi + 1.5, 1.0), color="tab:blue")
         ax.set_yscale("log")
+        ax.set_xlim(-0.5, max(hi, 5) + 0.5)
+        ax.xaxis.get_major_locator().set_params(integer=True)
         ax.set_title(f"{label}\nmax {hi}", fontsize=9)
         ax.set_xlabel("staleness (updates)")
     axes[0][0].set_ylabel("arrivals")
