@@ -75,6 +75,7 @@ def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path)
         (["run", "--jitter", "gamma:1"], r"argument --jitter: bad jitter 'gamma:1': expected 'none', 'lognormal:SIGMA'"),
         (["table", "--sweep", "2,x"], r"argument --sweep: expected an integer, got 'x'"),
         (["table", "--staleness", "0"], r"argument --staleness: must be >= 1, got '0'"),
+        (["run", "--model", "asp", "--staleness", "2"], r"argument --staleness: not allowed with argument --model"),
         (["scenarios", "--short-budget", "500", "--delay", "none"], r"--short-budget \(500\) must be below --budget \(400\)"),
     ],
 )

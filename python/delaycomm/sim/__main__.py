@@ -193,8 +193,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     r = sub.add_parser("run", parents=[common], help="simulate one configuration",
                        description="Simulate one configuration (every knob) and print its row.")
-    r.add_argument("--model", type=model_arg, default="asp", help="bsp, asp, ssp:S (S >= 0; ssp:0 is bsp) or ssp:inf (default asp)")
-    r.add_argument("--staleness", type=ssp_arg, metavar="S", help="shorthand for --model ssp:S (S >= 0 or inf)")
+    which = r.add_mutually_exclusive_group()
+    # default None, not "asp": argparse does not notice a conflict when a value is the default object.
+    which.add_argument("--model", type=model_arg, default=None, help="bsp, asp, ssp:S (S >= 0; ssp:0 is bsp) or ssp:inf (default asp)")
+    which.add_argument("--staleness", type=ssp_arg, metavar="S", help="shorthand for --model ssp:S (S >= 0 or inf)")
     r.add_argument("--delay", type=delay_arg, default="none", metavar="SPEC", help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default none)")
     r.add_argument("--delay-fraction", type=fraction, default=1.0, metavar="P", help="fraction of updates delayed, in [0, 1] (default 1)")
     r.add_argument("--delay-where", choices=("network", "host"), default="network", help="network: the worker goes on while its update is in flight; host: it waits (default network)")
@@ -204,6 +206,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--step", choices=STEP_RULES, default="const", help="step-size rule (default const)")
     r.add_argument("--dc-lambda", type=non_negative, default=0.04, help="DC-ASGD lambda (dcasgd) or lambda0 (dcasgd-a) (default 0.04)")
     r.add_argument("--radius", type=positive, default=10.0, help="projection radius R of the anytime rule (default 10)")
+    t.set_defaults(handler=cmd_table, subparser=t)
+    s.set_defaults(handler=cmd_scenarios, subparser=s)
+    r.set_defaults(handler=cmd_run, subparser=r)
     return parser
 
 
@@ -365,7 +370,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     k = args.seeds or 1
     seeds = list(range(args.seed, args.seed + k))
-    model = args.model if args.staleness is None else args.staleness
+    model = args.staleness or args.model or "asp"
     overrides = _overrides(args)
     step = dataclasses.replace(overrides.get("step", ex.seed002_config().step), rule=args.step,
                                dc_lambda=args.dc_lambda, radius=args.radius)
@@ -404,12 +409,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    commands = {"table": cmd_table, "scenarios": cmd_scenarios, "run": cmd_run}
-    sub = parser._subparsers._group_actions[0].choices[args.command]  # noqa: SLF001 - argparse has no public getter
     try:
-        return commands[args.command](args)
+        return args.handler(args)
     except ValueError as exc:
-        sub.error(str(exc))
+        args.subparser.error(str(exc))  # exits with status 2
     return 2
 
 

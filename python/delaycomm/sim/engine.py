@@ -183,7 +183,8 @@ class RunResult:
         curve_time: Times of the loss samples (s).
         curve_loss: Loss samples.
         worker_updates: Arrivals per worker.
-        blocked_seconds: Time each worker spent waiting at a gate or barrier.
+        blocked_seconds: Time each worker spent waiting: at the SSP gate, at the
+            BSP barrier, or (``delay_where=host``) for its own update to land.
         bound: The model's staleness bound (``math.inf`` for ASP).
     """
 
