@@ -79,12 +79,13 @@ def test_delay_fraction_zero_means_no_delay():
 
 
 @pytest.mark.parametrize(
-    ("workers", "straggler", "jitter", "budget"),
-    [(2, 1.0, "none", 1500.0), (4, 3.0, "lognormal:0.3", 800.0), (8, 4.0, "exp:1.0", 400.0), (6, 1.5, "uniform:0.5", 500.0)],
+    ("workers", "straggler", "jitter", "budget", "seed"),
+    [(2, 1.0, "none", 1500.0, 0), (4, 3.0, "lognormal:0.3", 800.0, 1), (8, 4.0, "exp:1.0", 400.0, 2),
+     (6, 1.5, "uniform:0.5", 500.0, 3), (3, 6.0, "lognormal:0.8", 1200.0, 4)],
 )
-def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budget):
+def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budget, seed):
     # Every worker always busy, no network delay: by Little's law the mean over updates is exactly N - 1 in steady state.
-    r = simulate(small(model="asp", workers=workers, straggler=straggler, jitter=jitter, budget=budget))
+    r = simulate(small(model="asp", workers=workers, straggler=straggler, jitter=jitter, budget=budget, seed=seed))
     assert r.updates > 2500
     assert r.mean_staleness == pytest.approx(workers - 1, rel=0.02)
 
