@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from simfakes import FakeSampler
 
 from delaycomm.sim import __main__ as cli
+
+from ._fakes import FakeSampler
 
 
 def run_cli(capsys, *argv):

@@ -6,10 +6,12 @@ import json
 
 import numpy as np
 import pytest
-from simfakes import small
 
 from delaycomm.sim import __main__ as cli
 from delaycomm.sim import simulate
+from delaycomm.sim.engine import SIM_DELAY_STREAM
+
+from ._fakes import small
 
 try:
     from delaycomm import DelaySampler
@@ -35,7 +37,8 @@ def test_real_sampler_delays_are_the_kth_draws_of_each_rank():
         mine = r.arrival_worker == rank
         steps = r.arrival_step[mine]
         # No jitter: worker `rank` sends its k-th update at time k (k = 1, 2, ...), FIFO per worker.
-        expected = np.maximum.accumulate(steps + DelaySampler(spec, seed=7, rank=rank).sample_many(steps.size))
+        delays = DelaySampler(spec, seed=7, rank=rank).sample_many(steps.size, stream=SIM_DELAY_STREAM)
+        expected = np.maximum.accumulate(steps + delays)
         assert r.arrival_time[mine] == pytest.approx(expected, abs=1e-9)
 
 

@@ -6,11 +6,13 @@ import dataclasses
 
 import numpy as np
 import pytest
-from simfakes import FakeSampler, small
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from delaycomm.sim import ProblemConfig, SimConfig, parse_model, simulate, staleness_bound
+from delaycomm.sim.engine import SIM_DELAY_STREAM
+
+from ._fakes import FakeSampler, small
 
 # Two workers, no jitter: worker 1 takes 1 s per gradient, worker 0 (the straggler) 2.5 s.
 TRACE = dict(workers=2, base_time=1.0, straggler=2.5, jitter="none", budget=4.6)
@@ -67,7 +69,7 @@ def test_updates_of_one_worker_arrive_in_order():
     assert r.arrival_step.tolist() == [1, 2, 3, 4]
     assert r.arrival_time.tolist() == [3.0, 3.0, 5.0, 5.0]
     assert r.staleness.tolist() == [0, 1, 2, 1]
-    assert sampler.calls == [(256, 0, 0)]
+    assert sampler.calls == [(256, SIM_DELAY_STREAM, 0)]
 
 
 def test_delay_fraction_zero_means_no_delay():

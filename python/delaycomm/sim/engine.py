@@ -25,9 +25,14 @@ from .models import ConsistencyModel, parse_model, staleness_bound
 from .policies import POLICIES, StalePolicy, StepConfig, make_optimizer
 from .problem import LogisticProblem, ProblemConfig
 
-__all__ = ["DelaySource", "RunResult", "SimConfig", "parse_jitter", "simulate"]
+__all__ = ["SIM_DELAY_STREAM", "DelaySource", "RunResult", "SimConfig", "parse_jitter", "simulate"]
 
 log = logging.getLogger(__name__)
+
+#: The delay stream the simulator draws from. NOTE: the backend's schedule uses streams [0, 2^16) for op kinds,
+#: 2^16 for DelayedLoader and 2^32 | key for staleness keys (csrc/delay/Schedule.hpp); the simulator takes
+#: 2^16 + 1 so that its draws are never the backend's.
+SIM_DELAY_STREAM = (1 << 16) + 1
 
 _JITTERS = "'none', 'lognormal:SIGMA' (SIGMA >= 0), 'exp:FRAC' (0 <= FRAC <= 1) or 'uniform:W' (0 <= W < 1)"
 _DONE, _ARRIVE = 0, 1
@@ -37,7 +42,9 @@ class DelaySource(Protocol):
     """What the engine needs from a delay sampler (``delaycomm.DelaySampler``).
 
     ``sample_many(n, stream, start)`` returns ``n`` delays in seconds: the
-    delays with indices ``start .. start + n - 1`` of ``stream``.
+    delays with indices ``start .. start + n - 1`` of ``stream``. The engine
+    asks for stream :data:`SIM_DELAY_STREAM`; update ``k`` (0-based) of a
+    worker gets index ``k`` of its own sampler (one sampler per rank).
     """
 
     def sample_many(self, n: int, stream: int = 0, start: int = 0) -> np.ndarray: ...
@@ -237,7 +244,7 @@ class _Delays:
         k = self._next
         self._next += 1
         if k - self._start >= self._buf.size:
-            chunk = np.asarray(self._sampler.sample_many(256, stream=0, start=k), dtype=np.float64)
+            chunk = np.asarray(self._sampler.sample_many(256, stream=SIM_DELAY_STREAM, start=k), dtype=np.float64)
             if chunk.shape != (256,) or not np.all(np.isfinite(chunk)) or np.any(chunk < 0):
                 raise ValueError(
                     "simulate: delay sampler's sample_many(256) must return 256 finite delays >= 0 "
