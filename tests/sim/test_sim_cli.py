@@ -101,3 +101,14 @@ def test_delay_without_the_compiled_sampler_is_a_clear_error(capsys, monkeypatch
     err = fail_cli(capsys, "run", "--delay", "exp:p99=400ms")
     assert "argument --delay: a delay other than 'none' needs delaycomm.DelaySampler" in err
     assert "use --delay none" in err
+
+
+def test_scenarios_judge_short_and_long_budgets(capsys, monkeypatch, tmp_path):
+    monkeypatch.setattr(cli, "delay_sampler_class", lambda: FakeSampler)
+    code, out, _ = run_cli(capsys, "scenarios", "--seeds", "2", "--budget", "30", "--short-budget", "10",
+                           "--delay", "exp:mean=0.3", "--json", str(tmp_path / "s.json"), "--no-progress")
+    assert code == 0
+    doc = json.loads((tmp_path / "s.json").read_text())
+    assert [len(g["rows"]) for g in doc["groups"]] == [3, 5, 7]
+    assert all([v["budget"] for v in g["verdicts"]] == [10, 30] for g in doc["groups"])
+    assert out.count("best at 10 s (short budget)") == 3 and out.count("best at 30 s (long budget)") == 3

@@ -63,3 +63,20 @@ def test_check_published_needs_two_seeds():
     row = Row("bsp", [simulate(seed002_config("bsp", budget=20.0))], PUBLISHED["bsp"])
     with pytest.raises(ValueError, match=r"check_published: needs at least 2 seeds per row"):
         check_published([row])
+
+
+def test_winners_reports_ties_within_noise():
+    import dataclasses
+
+    from delaycomm.sim.engine import simulate
+    from delaycomm.sim.experiments import winners
+
+    base = simulate(seed002_config("asp", budget=5.0))
+
+    def row(name, losses):
+        return Row(name, [dataclasses.replace(base, final_loss=x) for x in losses])
+
+    rows = [row("a", [0.300, 0.310]), row("b", [0.305, 0.315]), row("c", [0.400, 0.410])]
+    (verdict,) = winners(rows, [5.0])
+    assert (verdict.best, verdict.ties) == ("a", ("b",))
+    assert verdict.loss == pytest.approx(0.305)

@@ -343,15 +343,16 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             row.extra["dropped"] = ("dropped", "count", [x.dropped for x in row.runs], 0)
             for b in budgets:
                 row.extra[f"loss_{b:g}"] = (f"loss@{b:g}s", "log-loss", [ex.loss_at(x, b) for x in row.runs], 4)
-        print()
-        print(format_table(rows, extra_cols, title=title))
-        win = ex.winners(rows, budgets)
-        for b in budgets:
-            name, loss = win[b]
-            print(f"#   best at {b:g} s ({'short' if b == budgets[0] else 'long'} budget): {name} (mean loss {loss:.4f})")
+        print(f"\n## {title}")
+        print(format_table(rows, extra_cols, title="configuration"))
+        verdicts = ex.winners(rows, budgets)
+        for v in verdicts:
+            tied = f"; within noise: {', '.join(v.ties)}" if v.ties else ""
+            kind = "short" if v.budget == budgets[0] else "long"
+            print(f"#   best at {v.budget:g} s ({kind} budget): {v.best} (mean loss {v.loss:.4f}){tied}")
         payload["groups"].append({
             "title": title,
-            "winners": {f"{b:g}": {"name": win[b][0], "loss": win[b][1]} for b in budgets},
+            "verdicts": [dataclasses.asdict(v) for v in verdicts],
             "rows": [{"name": r.name, "summary": _summary(r), "runs": [result_record(x) for x in r.runs]} for r in rows],
         })
         if args.plot:

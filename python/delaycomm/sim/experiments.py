@@ -32,6 +32,7 @@ __all__ = [
     "seed002_config",
     "seed002_rows",
     "staleness_sweep_rows",
+    "Verdict",
     "winners",
 ]
 
@@ -236,7 +237,8 @@ def scenario_groups(
 
     Groups: the three models under a heavy-tailed network delay; the stale
     policies under ASP with that delay (stale after N - 1 and after
-    2(N - 1) updates); the step-size rules under ASP with that delay.
+    2(N - 1) updates); the step-size rules under ASP with that delay, plus a
+    constant step ten times smaller as a control.
 
     Args:
         seeds: Run seeds.
@@ -263,6 +265,8 @@ def scenario_groups(
         (rule, cfgs("asp", step=StepConfig(rule=rule, lr=lr)))
         for rule in ("const", "staleness", "adadelay", "dcasgd", "dcasgd-a", "anytime")
     ]
+    # Control: a constant step ten times smaller, to tell a delay-aware gain from a smaller step.
+    rules.append((f"const, lr {lr / 10:g}", cfgs("asp", step=StepConfig(rule="const", lr=lr / 10))))
     return [
         (f"consistency models, delay {delay}", models),
         (f"stale policies (ASP), delay {delay}", policies),
@@ -277,20 +281,43 @@ def loss_at(result: RunResult, t: float) -> float:
     return float(np.interp(t, result.curve_time, result.curve_loss))
 
 
-def winners(rows: Sequence[Row], budgets: Sequence[float]) -> dict[float, tuple[str, float]]:
-    """The row with the lowest mean loss at each budget.
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The best row of a group at one budget.
+
+    Attributes:
+        budget: Simulated seconds the losses are read at.
+        best: Row with the lowest mean loss.
+        loss: Its mean loss.
+        ties: Other rows within noise of it: ``|mean - best| <= sd + sd_best``
+            (sample standard deviations over seeds; a tie is not a loss).
+    """
+
+    budget: float
+    best: str
+    loss: float
+    ties: tuple[str, ...]
+
+
+def winners(rows: Sequence[Row], budgets: Sequence[float]) -> list[Verdict]:
+    """Judge a group of rows at each budget.
 
     Args:
-        rows: Rows of one group.
+        rows: Rows of one group (at least two runs each for ties to count).
         budgets: Budgets (s) to judge at.
 
     Returns:
-        ``{budget: (row name, mean loss)}``.
+        One :class:`Verdict` per budget.
     """
-    out = {}
+    out = []
     for b in budgets:
-        best = min(rows, key=lambda r: float(np.mean([loss_at(x, b) for x in r.runs])))
-        out[b] = (best.name, float(np.mean([loss_at(x, b) for x in best.runs])))
+        stats = []
+        for row in rows:
+            vals = np.array([loss_at(x, b) for x in row.runs])
+            stats.append((float(vals.mean()), float(vals.std(ddof=1)) if vals.size > 1 else 0.0, row.name))
+        mean, sd, name = min(stats)
+        ties = tuple(n for m, d, n in stats if n != name and abs(m - mean) <= d + sd)
+        out.append(Verdict(b, name, mean, ties))
     return out
 
 
