@@ -347,7 +347,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
         print(format_table(rows, extra_cols, title="configuration"))
         verdicts = ex.winners(rows, budgets)
         for v in verdicts:
-            tied = f"; within noise: {', '.join(v.ties)}" if v.ties else ""
+            tied = f"; not distinguishable (2 SE): {', '.join(v.ties)}" if v.ties else ""
             kind = "short" if v.budget == budgets[0] else "long"
             print(f"#   best at {v.budget:g} s ({kind} budget): {v.best} (mean loss {v.loss:.4f}){tied}")
         payload["groups"].append({

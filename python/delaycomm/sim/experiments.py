@@ -289,8 +289,8 @@ class Verdict:
         budget: Simulated seconds the losses are read at.
         best: Row with the lowest mean loss.
         loss: Its mean loss.
-        ties: Other rows within noise of it: ``|mean - best| <= sd + sd_best``
-            (sample standard deviations over seeds; a tie is not a loss).
+        ties: Other rows not distinguishable from it at about 95%:
+            ``|mean - best| <= 2 sqrt(se^2 + se_best^2)``, ``se = sd / sqrt(seeds)``.
     """
 
     budget: float
@@ -314,9 +314,10 @@ def winners(rows: Sequence[Row], budgets: Sequence[float]) -> list[Verdict]:
         stats = []
         for row in rows:
             vals = np.array([loss_at(x, b) for x in row.runs])
-            stats.append((float(vals.mean()), float(vals.std(ddof=1)) if vals.size > 1 else 0.0, row.name))
-        mean, sd, name = min(stats)
-        ties = tuple(n for m, d, n in stats if n != name and abs(m - mean) <= d + sd)
+            se = float(vals.std(ddof=1)) / math.sqrt(vals.size) if vals.size > 1 else 0.0
+            stats.append((float(vals.mean()), se, row.name))
+        mean, se_best, name = min(stats)
+        ties = tuple(n for m, se, n in stats if n != name and abs(m - mean) <= 2.0 * math.hypot(se, se_best))
         out.append(Verdict(b, name, mean, ties))
     return out
 
