@@ -111,4 +111,5 @@ def test_scenarios_judge_short_and_long_budgets(capsys, monkeypatch, tmp_path):
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [len(g["rows"]) for g in doc["groups"]] == [3, 5, 7]
     assert all([v["budget"] for v in g["verdicts"]] == [10, 30] for g in doc["groups"])
+    assert "peak, 2nd half" in out
     assert out.count("best at 10 s (short budget)") == 3 and out.count("best at 30 s (long budget)") == 3

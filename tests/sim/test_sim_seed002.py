@@ -81,3 +81,20 @@ def test_winners_reports_ties_within_noise():
     (verdict,) = winners(rows, [5.0])
     assert (verdict.best, verdict.ties) == ("a", ("b",))
     assert verdict.loss == pytest.approx(0.305)  # c is 0.015 above: distinguishable
+
+
+def test_loss_at_and_peak_loss_read_the_curve():
+    import dataclasses
+
+    import numpy as np
+
+    from delaycomm.sim.engine import simulate
+    from delaycomm.sim.experiments import loss_at, peak_loss
+
+    base = simulate(seed002_config("asp", budget=8.0))
+    r = dataclasses.replace(base, curve_time=np.array([0.0, 2.0, 4.0, 6.0]),
+                            curve_loss=np.array([0.7, 0.5, 0.9, 0.4]), final_loss=0.45)
+    assert loss_at(r, 3.0) == pytest.approx(0.7)  # halfway between 0.5 and 0.9
+    assert loss_at(r, 8.0) == 0.45  # at the budget: the final loss
+    assert peak_loss(r, 3.0) == 0.9
+    assert peak_loss(r, 5.0) == 0.45  # the final loss counts when it is the worst

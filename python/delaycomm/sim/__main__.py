@@ -343,6 +343,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             row.extra["dropped"] = ("dropped", "count", [x.dropped for x in row.runs], 0)
             for b in budgets:
                 row.extra[f"loss_{b:g}"] = (f"loss@{b:g}s", "log-loss", [ex.loss_at(x, b) for x in row.runs], 4)
+            # The worst loss of the second half: a very stale update at a large step shows up as a spike.
+            row.extra["peak_loss"] = ("peak, 2nd half", "log-loss", [ex.peak_loss(x, long_budget / 2) for x in row.runs], 4)
         print(f"\n## {title}")
         print(format_table(rows, extra_cols, title="configuration"))
         verdicts = ex.winners(rows, budgets)

@@ -27,6 +27,7 @@ __all__ = [
     "SamplerFactory",
     "check_published",
     "loss_at",
+    "peak_loss",
     "run_configs",
     "scenario_groups",
     "seed002_config",
@@ -320,6 +321,12 @@ def winners(rows: Sequence[Row], budgets: Sequence[float]) -> list[Verdict]:
         ties = tuple(n for m, se, n in stats if n != name and abs(m - mean) <= 2.0 * math.hypot(se, se_best))
         out.append(Verdict(b, name, mean, ties))
     return out
+
+
+def peak_loss(result: RunResult, since: float) -> float:
+    """Largest sampled loss of ``result``'s curve from time ``since`` on (and the final loss)."""
+    tail = result.curve_loss[result.curve_time >= since]
+    return float(max(tail.max(initial=result.final_loss), result.final_loss))
 
 
 def finite_or_none(x: float) -> float | None:
