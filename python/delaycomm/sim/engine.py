@@ -1,0 +1,472 @@
+"""Discrete-event engine: N workers, one parameter server, a heap of events.
+
+Time is simulated seconds. A worker reads the server's parameters, computes a
+mini-batch gradient for ``base_time * factor * jitter + comm`` seconds, then
+sends it; the server applies it when it arrives (after an optional network
+delay, per-worker FIFO like one TCP stream). Under ASP and SSP every gradient
+is applied on arrival; under BSP the server waits for all N, applies their
+mean once, and starts the next round. Everything is a pure function of the
+seeds: the same :class:`SimConfig` gives the same result bit for bit.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+import logging
+import math
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+import numpy as np
+
+from .models import ConsistencyModel, parse_model, staleness_bound
+from .policies import POLICIES, StalePolicy, StepConfig, make_optimizer
+from .problem import LogisticProblem, ProblemConfig
+
+__all__ = ["SIM_DELAY_STREAM", "DelaySource", "RunResult", "SimConfig", "parse_jitter", "simulate"]
+
+log = logging.getLogger(__name__)
+
+#: The delay stream the simulator draws from. NOTE: the backend's schedule uses streams [0, 2^16) for op kinds,
+#: 2^16 for DelayedLoader and 2^32 | key for staleness keys (csrc/delay/Schedule.hpp); the simulator takes
+#: 2^16 + 1 so that its draws are never the backend's.
+SIM_DELAY_STREAM = (1 << 16) + 1
+
+_JITTERS = "'none', 'lognormal:SIGMA' (SIGMA >= 0), 'exp:FRAC' (0 <= FRAC <= 1) or 'uniform:W' (0 <= W < 1)"
+_DONE, _ARRIVE = 0, 1
+
+
+class DelaySource(Protocol):
+    """What the engine needs from a delay sampler (``delaycomm.DelaySampler``).
+
+    ``sample_many(n, stream, start)`` returns ``n`` delays in seconds: the
+    delays with indices ``start .. start + n - 1`` of ``stream``. The engine
+    asks for stream :data:`SIM_DELAY_STREAM`; update ``k`` (0-based) of a
+    worker gets index ``k`` of its own sampler (one sampler per rank).
+    """
+
+    def sample_many(self, n: int, stream: int = 0, start: int = 0) -> np.ndarray: ...
+
+
+def parse_jitter(spec: str) -> tuple[str, float]:
+    """Parse a compute-time jitter spec.
+
+    The jitter ``J`` multiplies a worker's mean compute time and has mean 1:
+    ``none`` (J = 1), ``lognormal:SIGMA`` (J = exp(SIGMA Z - SIGMA^2 / 2)),
+    ``exp:FRAC`` (J = 1 - FRAC + FRAC E, E ~ Exp(1); FRAC = 1 is exponential)
+    and ``uniform:W`` (J ~ U(1 - W, 1 + W)).
+
+    Args:
+        spec: The spec string.
+
+    Returns:
+        ``(kind, parameter)``.
+
+    Raises:
+        ValueError: If ``spec`` is not one of the accepted forms.
+    """
+    text = str(spec).strip().lower()
+    if text == "none":
+        return ("none", 0.0)
+    kind, _, arg = text.partition(":")
+    try:
+        value = float(arg)
+    except ValueError:
+        raise ValueError(f"parse_jitter: bad jitter {spec!r}: expected {_JITTERS}") from None
+    ok = {
+        "lognormal": lambda v: 0.0 <= v < 10.0,
+        "exp": lambda v: 0.0 <= v <= 1.0,
+        "uniform": lambda v: 0.0 <= v < 1.0,
+    }
+    if kind not in ok or not math.isfinite(value) or not ok[kind](value):
+        raise ValueError(f"parse_jitter: bad jitter {spec!r}: expected {_JITTERS}")
+    return (kind, value)
+
+
+@dataclasses.dataclass(frozen=True)
+class SimConfig:
+    """One simulated training run.
+
+    Attributes:
+        model: Consistency model spec (see :func:`parse_model`).
+        workers: Number of workers ``N``.
+        budget: Wall-clock budget in simulated seconds.
+        base_time: Mean compute time of one gradient on a normal worker (s).
+        straggler: Compute-time factor of the straggler workers.
+        stragglers: How many workers (ranks 0..k-1) are stragglers.
+        jitter: Compute-time jitter spec (see :func:`parse_jitter`).
+        comm: Fixed time a worker spends per step pushing its gradient and
+            pulling parameters, paid in its own wall clock (s).
+        delay: Network-delay spec of each worker-to-server update, in the
+            backend's syntax (``none``, ``exp:p99=400ms``, ...). The engine
+            does not parse it: it is a label for the samplers passed in.
+        delay_fraction: Fraction of updates that are delayed (Bernoulli).
+        delay_where: ``network``: the worker goes on while its update is in
+            flight; ``host``: the worker waits until its update is applied.
+        policy: Stale policy, ``apply``, ``drop`` or ``ema``.
+        alpha: EMA blend weight of stale contributions.
+        stale_after: Largest staleness that counts as fresh (``None``: N - 1).
+        step: Step-size rule.
+        problem: The logistic-regression problem.
+        seed: Run seed (compute times, batches, delay-fraction draws).
+        eval_interval: Simulated seconds between loss samples of the curve.
+    """
+
+    model: str = "asp"
+    workers: int = 8
+    budget: float = 400.0
+    base_time: float = 1.0
+    straggler: float = 4.0
+    stragglers: int = 1
+    jitter: str = "none"
+    comm: float = 0.0
+    delay: str = "none"
+    delay_fraction: float = 1.0
+    delay_where: str = "network"
+    policy: str = "apply"
+    alpha: float = 0.1
+    stale_after: int | None = None
+    step: StepConfig = dataclasses.field(default_factory=StepConfig)
+    problem: ProblemConfig = dataclasses.field(default_factory=ProblemConfig)
+    seed: int = 0
+    eval_interval: float = 2.0
+
+    def validate(self) -> ConsistencyModel:
+        """Check every field; return the parsed model.
+
+        Raises:
+            ValueError: Naming the first bad field, its value and what is
+                accepted.
+        """
+
+        def finite_positive(name: str, value: float) -> None:
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+                raise ValueError(f"SimConfig: {name} must be a finite number > 0, got {value!r}")
+
+        model = parse_model(self.model)
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"SimConfig: workers must be an integer >= 1, got {self.workers!r}")
+        finite_positive("budget", self.budget)
+        finite_positive("base_time", self.base_time)
+        finite_positive("straggler", self.straggler)
+        finite_positive("eval_interval", self.eval_interval)
+        if not (0 <= self.stragglers <= self.workers):
+            raise ValueError(f"SimConfig: stragglers must be in [0, workers={self.workers}], got {self.stragglers}")
+        if not (math.isfinite(self.comm) and self.comm >= 0):
+            raise ValueError(f"SimConfig: comm must be a finite number >= 0, got {self.comm!r}")
+        if not (0.0 <= self.delay_fraction <= 1.0):
+            raise ValueError(f"SimConfig: delay_fraction must be in [0, 1], got {self.delay_fraction!r}")
+        if self.delay_where not in ("network", "host"):
+            raise ValueError(f"SimConfig: delay_where must be 'network' or 'host', got {self.delay_where!r}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"SimConfig: policy must be one of {', '.join(POLICIES)}, got {self.policy!r}")
+        if not (0.0 < self.alpha <= 1.0):
+            raise ValueError(f"SimConfig: alpha must be in (0, 1], got {self.alpha!r}")
+        if self.stale_after is not None and self.stale_after < 0:
+            raise ValueError(f"SimConfig: stale_after must be >= 0, got {self.stale_after!r}")
+        parse_jitter(self.jitter)
+        self.step.validate()
+        self.problem.validate()
+        return model
+
+
+@dataclasses.dataclass
+class RunResult:
+    """What one run measured.
+
+    Attributes:
+        config: The run's configuration.
+        label: Model label (``bsp``, ``ssp:2``, ``asp``).
+        title: Human model name.
+        updates: Updates the server applied within the budget.
+        dropped: Arrivals the ``drop`` policy discarded.
+        staleness: Staleness of every arrival (applied or dropped), in order.
+        arrival_time: Time of every arrival (s).
+        arrival_worker: Worker of every arrival.
+        arrival_step: The worker's step number (1-based) of every arrival.
+        final_loss: Full-data loss at the end of the budget.
+        curve_time: Times of the loss samples (s).
+        curve_loss: Loss samples.
+        worker_updates: Arrivals per worker.
+        blocked_seconds: Time each worker spent waiting: at the SSP gate, at the
+            BSP barrier, or (``delay_where=host``) for its own update to land.
+        bound: The model's staleness bound (``math.inf`` for ASP).
+    """
+
+    config: SimConfig
+    label: str
+    title: str
+    updates: int
+    dropped: int
+    staleness: np.ndarray
+    arrival_time: np.ndarray
+    arrival_worker: np.ndarray
+    arrival_step: np.ndarray
+    final_loss: float
+    curve_time: np.ndarray
+    curve_loss: np.ndarray
+    worker_updates: list[int]
+    blocked_seconds: list[float]
+    bound: float
+
+    @property
+    def updates_per_sec(self) -> float:
+        """Applied updates per simulated second."""
+        return self.updates / self.config.budget
+
+    @property
+    def mean_staleness(self) -> float:
+        """Mean staleness over arrivals (0 if none)."""
+        return float(self.staleness.mean()) if self.staleness.size else 0.0
+
+    @property
+    def max_staleness(self) -> int:
+        """Largest staleness of any arrival (0 if none)."""
+        return int(self.staleness.max()) if self.staleness.size else 0
+
+
+class _Delays:
+    """Buffers one worker's delays from its sampler, in update order."""
+
+    def __init__(self, sampler: DelaySource | None, fraction: float, rng: np.random.Generator) -> None:
+        self._sampler = sampler
+        self._fraction = fraction
+        self._rng = rng
+        self._buf = np.empty(0)
+        self._start = 0
+        self._next = 0
+
+    def next(self) -> float:
+        if self._sampler is None:
+            return 0.0
+        k = self._next
+        self._next += 1
+        if k - self._start >= self._buf.size:
+            chunk = np.asarray(self._sampler.sample_many(256, stream=SIM_DELAY_STREAM, start=k), dtype=np.float64)
+            if chunk.shape != (256,) or not np.all(np.isfinite(chunk)) or np.any(chunk < 0):
+                raise ValueError(
+                    "simulate: delay sampler's sample_many(256) must return 256 finite delays >= 0 "
+                    f"in seconds, got shape {chunk.shape}"
+                )
+            self._buf, self._start = chunk, k
+        delay = float(self._buf[k - self._start])
+        if self._fraction < 1.0 and self._rng.random() >= self._fraction:
+            return 0.0
+        return delay
+
+
+class _Blocks:
+    """Hands out draws one at a time from blocks of ``draw(k)``: far fewer RNG calls, same determinism."""
+
+    def __init__(self, draw: Callable[[int], np.ndarray], block: int = 256) -> None:
+        self._draw = draw
+        self._block = block
+        self._buf = draw(block)
+        self._k = 0
+
+    def next(self):
+        if self._k == len(self._buf):
+            self._buf, self._k = self._draw(self._block), 0
+        self._k += 1
+        return self._buf[self._k - 1]
+
+
+def _jitter_sampler(spec: str, rng: np.random.Generator) -> Callable[[], float]:
+    kind, v = parse_jitter(spec)
+    if kind == "none" or v == 0.0:
+        return lambda: 1.0
+    if kind == "lognormal":
+        blocks = _Blocks(lambda k: rng.lognormal(-0.5 * v * v, v, size=k).tolist())
+    elif kind == "exp":
+        blocks = _Blocks(lambda k: (1.0 - v + v * rng.exponential(size=k)).tolist())
+    else:
+        blocks = _Blocks(lambda k: rng.uniform(1.0 - v, 1.0 + v, size=k).tolist())
+    return blocks.next
+
+
+def _stream(seed: int, purpose: int, worker: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(purpose, worker)))
+
+
+def simulate(
+    config: SimConfig,
+    delay_samplers: Sequence[DelaySource] | None = None,
+    problem: LogisticProblem | None = None,
+) -> RunResult:
+    """Run one simulation.
+
+    Args:
+        config: What to simulate.
+        delay_samplers: One delay source per worker (rank ``i`` gets
+            ``delay_samplers[i]``), or ``None`` for no network delay.
+        problem: A prebuilt problem matching ``config.problem`` and
+            ``config.workers`` (saves rebuilding it across runs).
+
+    Returns:
+        The run's measurements.
+
+    Raises:
+        ValueError: If the config is invalid or the samplers misbehave.
+    """
+    model = config.validate()
+    n = config.workers
+    if delay_samplers is not None and len(delay_samplers) != n:
+        raise ValueError(f"simulate: need one delay sampler per worker ({n}), got {len(delay_samplers)}")
+    if problem is None:
+        problem = LogisticProblem(config.problem, n)
+    elif problem.config != config.problem or len(problem.shards) != n:
+        raise ValueError("simulate: problem does not match config.problem and config.workers")
+    opt = make_optimizer(problem.initial_weights(), config.step, problem.smoothness)
+    stale_after = n - 1 if config.stale_after is None else config.stale_after
+    policy = StalePolicy(config.policy, n, stale_after, config.alpha)
+    bsp = model.kind == "bsp"
+    host = config.delay_where == "host"
+
+    factors = [config.straggler if i < config.stragglers else 1.0 for i in range(n)]
+    jitters = [_jitter_sampler(config.jitter, _stream(config.seed, 1, i)) for i in range(n)]
+    batches = [
+        _Blocks(lambda k, i=i, rng=_stream(config.seed, 2, i): problem.sample_rows(i, rng, k), block=64)
+        for i in range(n)
+    ]
+    delays = [
+        _Delays(None if delay_samplers is None else delay_samplers[i], config.delay_fraction,
+                _stream(config.seed, 3, i))
+        for i in range(n)
+    ]
+
+    heap: list[tuple[float, int, int, int]] = []
+    seq = 0
+    version = 0
+    updates = 0
+    dropped = 0
+    pushed = [0] * n
+    arrived = [0] * n
+    last_arrival = [0.0] * n
+    computing: list[tuple[np.ndarray, int, np.ndarray] | None] = [None] * n
+    inflight: list[collections.deque] = [collections.deque() for _ in range(n)]
+    blocked: dict[int, float] = {}  # worker -> time it started waiting
+    blocked_seconds = [0.0] * n
+    waiting_own = [False] * n
+    staleness: list[int] = []
+    arrivals: list[tuple[float, int, int]] = []  # (time, worker, step)
+    round_grads: list[np.ndarray] = []
+    round_read: np.ndarray | None = None
+    grid = np.arange(0.0, config.budget + 1e-12, config.eval_interval)
+    curve_loss: list[float] = []
+
+    def push(t: float, kind: int, worker: int) -> None:
+        nonlocal seq
+        heapq.heappush(heap, (t, seq, kind, worker))
+        seq += 1
+
+    def start(i: int, t: float) -> None:
+        read = opt.read()
+        rows = batches[i].next()
+        computing[i] = (problem.gradient(read, rows), version, read)
+        push(t + config.base_time * factors[i] * jitters[i]() + config.comm, _DONE, i)
+
+    def wait(i: int, t: float) -> None:
+        blocked[i] = t
+
+    def try_start(i: int, t: float) -> None:
+        if model.may_start(i, pushed, arrived):
+            start(i, t)
+        else:
+            wait(i, t)
+
+    def release(t: float) -> None:
+        for j in sorted(blocked):
+            if not waiting_own[j] and model.may_start(j, pushed, arrived):
+                blocked_seconds[j] += t - blocked.pop(j)
+                start(j, t)
+
+    def arrive(i: int, t: float) -> None:
+        nonlocal version, updates, dropped, round_read
+        grad, read_version, read, step = inflight[i].popleft()
+        arrived[i] += 1
+        arrivals.append((t, i, step))
+        if bsp:
+            staleness.append(0)  # everyone read the parameters of the round's start
+            round_grads.append(grad)
+            round_read = read
+            if len(round_grads) == n:
+                opt.apply(np.mean(round_grads, axis=0), 0, round_read)
+                version += 1
+                updates += 1
+                round_grads.clear()
+                for j in range(n):
+                    if j in blocked:
+                        blocked_seconds[j] += t - blocked.pop(j)
+                    start(j, t)
+            return
+        tau = version - read_version
+        staleness.append(tau)
+        scale = policy.scale(tau)
+        if scale > 0.0:
+            opt.apply(grad, tau, read, scale)
+            version += 1
+            updates += 1
+        else:
+            dropped += 1
+        if waiting_own[i]:
+            waiting_own[i] = False
+        release(t)
+
+    def done(i: int, t: float) -> None:
+        pushed[i] += 1
+        inflight[i].append((*computing[i], pushed[i]))
+        computing[i] = None
+        at = max(t + delays[i].next(), last_arrival[i])
+        last_arrival[i] = at
+        if bsp or host:
+            wait(i, t)
+            waiting_own[i] = not bsp
+        if at > t:
+            push(at, _ARRIVE, i)
+        else:
+            arrive(i, t)
+        if not bsp and not host:
+            try_start(i, t)
+
+    for i in range(n):
+        start(i, 0.0)
+    g = 0
+    while heap and heap[0][0] <= config.budget:
+        t, _, kind, i = heapq.heappop(heap)
+        while g < grid.size and grid[g] < t:
+            curve_loss.append(problem.loss(opt.weights()))
+            g += 1
+        if kind == _DONE:
+            done(i, t)
+        else:
+            arrive(i, t)
+    while g < grid.size:
+        curve_loss.append(problem.loss(opt.weights()))
+        g += 1
+    for j, since in blocked.items():
+        blocked_seconds[j] += config.budget - since
+    final_loss = problem.loss(opt.weights())
+    result = RunResult(
+        config=config,
+        label=model.label,
+        title=model.title,
+        updates=updates,
+        dropped=dropped,
+        staleness=np.asarray(staleness, dtype=np.int64),
+        arrival_time=np.array([a[0] for a in arrivals], dtype=np.float64),
+        arrival_worker=np.array([a[1] for a in arrivals], dtype=np.int64),
+        arrival_step=np.array([a[2] for a in arrivals], dtype=np.int64),
+        final_loss=final_loss,
+        curve_time=grid,
+        curve_loss=np.asarray(curve_loss),
+        worker_updates=list(arrived),
+        blocked_seconds=blocked_seconds,
+        bound=staleness_bound(model, n, network_delay=delay_samplers is not None and not host),
+    )
+    log.debug(
+        "simulate %s: %d updates, mean stale %.2f, max stale %d, final loss %.4f",
+        result.label, result.updates, result.mean_staleness, result.max_staleness, result.final_loss,
+    )
+    return result
