@@ -39,7 +39,7 @@ def test_scripted_clock_gives_the_hand_computed_numbers(tmp_path):
     clock = ScriptedClock({0: [1000, 2000, 3000, 10000], 1: [1500, 1000, 3000, 4000], 2: [500, 500, 500, 500]})
     colls = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
     record, _ = measure(tmp_path, "scripted", nproc=3, clock=clock, collectives=colls, sizes=(1536, 6144),
-                        iters=4, repeats=1, warmup=1, root=1)
+                        iters=4, repeats=1, warmup=1, root=1, interleave="block")
     stats = results.row_stats(record)
     assert len(stats) == 5 * 2 * 2
     factor = {"all_reduce": 4 / 3, "all_gather": 2 / 3, "reduce_scatter": 2 / 3, "broadcast": 1.0,
@@ -54,6 +54,17 @@ def test_scripted_clock_gives_the_hand_computed_numbers(tmp_path):
         assert r.ratio == (pytest.approx(1.0) if r.backend == "delaycomm" else None)
     assert {r.size_bytes for r in stats} == {1536, 6144}
     assert record["environment"]["torch"] and record["environment"]["delaycomm"]
+
+
+@pytest.mark.timeout(90)
+def test_calls_alternate_between_backends_and_the_order_flips_each_repeat(tmp_path):
+    # Every other timed call lasts 5 us: with A B A B ... the first backend of a round gets the 1 us calls.
+    clock = ScriptedClock({0: [1000, 5000], 1: [1000, 5000]})
+    record, _ = measure(tmp_path, "alternate", clock=clock, sizes=(8,), iters=3, repeats=3, warmup=1, check=0)
+    dc, gloo = results.row_stats(record)
+    assert dc.repeat_p50_us == (1.0, 5.0, 1.0)  # first in repeats 0 and 2, second in repeat 1
+    assert gloo.repeat_p50_us == (5.0, 1.0, 5.0)
+    assert dc.repeat_ratios == (0.2, 5.0, 0.2) and dc.wrong is None
 
 
 @pytest.mark.timeout(90)
@@ -135,7 +146,11 @@ def test_const_delay_shows_in_the_latency_and_fails_the_gate(baseline, tmp_path)
         dc, raw = stats[(size, "delaycomm")], stats[(size, "gloo")]
         # const:50ms on every call: the call takes the delay plus what the raw call takes (and some scheduling)
         assert 50_000 <= dc.p50_us <= 50_000 + raw.p99_us + 5_000
-        assert dc.delay_p50_us == pytest.approx(50_000, rel=0.02)  # the injected delay, from delaycomm's telemetry
+    injected = results.load(str(out))["injected_delay"]  # delaycomm's own telemetry of the injected delay
+    assert [(d["backend"], d["collective"]) for d in injected] == [("delaycomm", "all_reduce")]
+    assert injected[0]["delayed_calls"] == injected[0]["calls"]
+    assert injected[0]["p50_us"] == pytest.approx(50_000, rel=0.02)
+    assert "delaycomm injected delay on all_reduce (rank 0, delaycomm telemetry)" in proc.stdout
 
 
 def _cli(argv, timeout=80, module=("-m", "delaycomm.bench")):

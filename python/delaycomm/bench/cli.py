@@ -119,7 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("-w", "--warmup-iters", type=_int_at_least(0), default=5, metavar="N",
                    help="untimed calls before each timed batch (default 5)")
     g.add_argument("-r", "--repeats", type=_int_at_least(1), default=3, metavar="R",
-                   help="interleaved A/B repeats; the backend order alternates (default 3)")
+                   help="repeats of the whole sweep, for the gate's majority rule (default 3)")
+    g.add_argument("--interleave", choices=("call", "block"), default="call",
+                   help="call: one call of each backend in turn (A B A B, default); block: -n calls of one backend, "
+                        "then of the next (the order alternates between repeats and sizes)")
     g.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results: #wrong (default 1)")
     g.add_argument("-o", "--op", choices=tuple(collectives.REDOPS), default="sum",
                    help="reduction op of all_reduce and reduce_scatter (default sum)")
@@ -218,8 +221,8 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
             backends.append(Backend(label=label, name="delaycomm", options=opts))
     progress = a.progress == "on" or (a.progress == "auto" and sys.stderr.isatty())
     settings = Settings(collectives=a.collective, sizes=tuple(sizes), dtype=a.datatype, redop=a.op, iters=a.iters,
-                        warmup=a.warmup_iters, repeats=a.repeats, check=a.check, root=a.root, device=device,
-                        backends=tuple(backends), timeout_s=a.timeout, progress=progress)
+                        warmup=a.warmup_iters, repeats=a.repeats, interleave=a.interleave, check=a.check,
+                        root=a.root, device=device, backends=tuple(backends), timeout_s=a.timeout, progress=progress)
     if a.compare and (settings.raw is None or not any(b.is_delaycomm for b in backends)):
         p.error("argument --compare: the gate compares delaycomm with a raw backend: --backends needs both")
     return settings, nproc

@@ -69,32 +69,47 @@ def _warm_up_group(group, device: str) -> None:
     _sync_fn(device)()
 
 
-def _time_calls(call: Callable[[], None], sync: Callable[[], None], iters: int, clock: Clock) -> list[int]:
-    """Per-call times in ns on this rank: ``clock()`` before the call and after its completion."""
-    out = [0] * iters
+def _time_calls(calls: list[Callable[[], None]], sync: Callable[[], None], iters: int, clock: Clock) -> list[list[int]]:
+    """Per-call times in ns on this rank, ``clock()`` before each call and after its completion.
+
+    ``iters`` rounds; each round makes one call of each of ``calls`` in turn. Returns one list per call.
+    """
+    out = [[0] * iters for _ in calls]
     gc_was_enabled = gc.isenabled()
     gc.disable()  # a collection inside the loop would charge one call with unrelated work
     try:
         for i in range(iters):
-            t0 = clock()
-            call()
-            sync()
-            out[i] = clock() - t0
+            for k, call in enumerate(calls):
+                t0 = clock()
+                call()
+                sync()
+                out[k][i] = clock() - t0
     finally:
         if gc_was_enabled:
             gc.enable()
     return out
 
 
-def _injected_delay(group, stats_op: str) -> dict[str, float] | None:
-    """The injected-delay summary of this rank's delaycomm group for one op, when any call was delayed."""
+def _injected_delays(backends: tuple[Backend, ...], groups: dict, plan) -> list[dict[str, Any]]:
+    """Rank 0's injected-delay summary per delaycomm backend and collective (from delaycomm's own telemetry).
+
+    Timed, warm-up and check calls alike: the delay spec does not depend on the size.
+    """
     import delaycomm
 
-    op = delaycomm.stats(group).get("ops", {}).get(stats_op)
-    if not op or not op.get("delayed_calls"):
-        return None
-    d = op["delay"]
-    return {"delay_p50_us": d["p50_us"], "delay_p99_us": d["p99_us"], "delayed_calls": op["delayed_calls"]}
+    out = []
+    for b in backends:
+        if not b.is_delaycomm or b.options.get("delay", "none") == "none":
+            continue
+        ops = delaycomm.stats(groups[b.label]).get("ops", {})
+        for spec in dict.fromkeys(spec for spec, _ in plan):
+            op = ops.get(spec.stats_op)
+            if op:
+                d = op["delay"]
+                out.append({"backend": b.label, "collective": spec.name, "calls": op["calls"],
+                            "delayed_calls": op["delayed_calls"], "p50_us": d["p50_us"], "p99_us": d["p99_us"],
+                            "max_us": d["max_us"]})
+    return out
 
 
 def run_rank(rank: int, world_size: int, settings: Settings, init_method: str,
@@ -144,7 +159,39 @@ def run_rank(rank: int, world_size: int, settings: Settings, init_method: str,
         dist.destroy_process_group()
 
 
+def _bind(spec, buffers, group, settings: Settings) -> Callable[[], None]:
+    inp, out = buffers
+
+    def call() -> None:
+        spec.run(inp, out, group, settings.redop, settings.root)
+
+    return call
+
+
+def _plan(settings: Settings, n: int, elsize: int) -> tuple[list[tuple[Any, int]], list[dict[str, Any]]]:
+    """The (collective spec, element count) pairs to measure, and the sizes skipped (with why)."""
+    plan, skipped = [], []
+    for name in settings.collectives:
+        spec = collectives.get(name)
+        last_count = None
+        for size in settings.sizes:
+            count = spec.count_for(size, elsize, n)
+            if count == 0 or count == last_count:
+                why = "smaller than one element per rank" if count == 0 else "same element count as the previous size"
+                skipped.append({"collective": name, "size_bytes": size, "reason": why})
+                continue
+            last_count = count
+            plan.append((spec, count))
+    return plan, skipped
+
+
 def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock: Clock) -> dict[str, Any]:
+    """Time every (collective, size, backend) ``repeats`` times; check each once; rank 0 gets the rows.
+
+    NOTE: the loops run repeat-major (every size once, then every size again, ...), not size-major: a burst of
+    load lasting seconds then spoils one repeat of several sizes (which the gate's majority rule absorbs), never
+    every repeat of one size. The backend order alternates from one block to the next.
+    """
     import torch
     import torch.distributed as dist
 
@@ -154,73 +201,57 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
     sync = _sync_fn(device)
     backends = settings.backends
     nb, reps, iters = len(backends), settings.repeats, settings.iters
-    with_delay = any(b.is_delaycomm and b.options.get("delay", "none") != "none" for b in backends)
+    plan, skipped = _plan(settings, n, elsize)
     bar = None
     if settings.progress and rank == 0:
         from tqdm import tqdm
 
-        total = len(settings.collectives) * len(settings.sizes) * reps * nb
-        bar = tqdm(total=total, file=sys.stderr, unit="block", dynamic_ncols=True, leave=False)
-    rows: list[dict[str, Any]] = []
-    skipped: list[dict[str, Any]] = []
+        bar = tqdm(total=len(plan) * reps, file=sys.stderr, unit="size", dynamic_ncols=True, leave=False)
+    times = torch.zeros(len(plan), nb, reps, iters, dtype=torch.float64)
     try:
-        for name in settings.collectives:
-            spec = collectives.get(name)
-            redop = settings.redop if spec.reduces else "none"
-            last_count = None
-            for size in settings.sizes:
-                count = spec.count_for(size, elsize, n)
-                if count == 0 or count == last_count:
-                    why = "smaller than one element per rank" if count == 0 else "same element count as the previous size"
-                    skipped.append({"collective": name, "size_bytes": size, "reason": why})
-                    if bar is not None:
-                        bar.update(reps * nb)
-                    continue
-                last_count = count
+        for rep in range(reps):
+            for pi, (spec, count) in enumerate(plan):
                 if bar is not None:
                     from delaycomm.bench.units import format_size
 
-                    bar.set_description(f"{name} {format_size(count * elsize)}")
+                    bar.set_description(f"repeat {rep + 1}/{reps} {spec.name} {format_size(count * elsize)}")
                 bufs = [spec.buffers(count, dtype, device, rank, n, settings.redop, settings.root, for_check=False)
                         for _ in backends]
-                calls = [
-                    (lambda spec=spec, io=io, g=groups[b.label]:
-                     spec.run(io[0], io[1], g, settings.redop, settings.root))
-                    for b, io in zip(backends, bufs)
-                ]
-                if with_delay:
-                    _reset_delaycomm_stats(backends, groups)
-                times = torch.zeros(nb, reps, iters, dtype=torch.float64)
-                for rep in range(reps):
-                    order = range(nb) if rep % 2 == 0 else reversed(range(nb))
-                    for bi in order:
-                        dist.barrier(group=control)
-                        for _ in range(settings.warmup):
+                order = list(range(nb)) if (rep + pi) % 2 == 0 else list(reversed(range(nb)))
+                calls = [_bind(spec, bufs[bi], groups[backends[bi].label], settings) for bi in range(nb)]
+                # call: one call of each backend in turn (A B A B ...); block: all calls of A, then all of B.
+                batches = [order] if settings.interleave == "call" else [[bi] for bi in order]
+                for batch in batches:
+                    dist.barrier(group=control)
+                    for _ in range(settings.warmup):
+                        for bi in batch:
                             calls[bi]()
-                        sync()
-                        times[bi, rep] = torch.tensor(_time_calls(calls[bi], sync, iters, clock),
-                                                      dtype=torch.float64)
-                        if bar is not None:
-                            bar.update(1)
-                del bufs, calls
-                dist.all_reduce(times, op=dist.ReduceOp.MAX, group=control)
-                delays = ([_injected_delay(groups[b.label], spec.stats_op) if b.is_delaycomm else None
-                           for b in backends] if with_delay else [None] * nb)
-                wrong = _check(spec, settings, groups, rank, n, count, dtype, control) if settings.check else None
-                if rank == 0:
-                    for bi, b in enumerate(backends):
-                        row = {"collective": name, "size_bytes": count * elsize, "count": count,
-                               "dtype": settings.dtype, "redop": redop, "backend": b.label,
-                               "times_us": [[round(t / 1e3, 3) for t in rep_times]
-                                            for rep_times in times[bi].tolist()],
-                               "wrong": None if wrong is None else wrong[bi]}
-                        if delays[bi]:
-                            row.update(delays[bi])
-                        rows.append(row)
+                    sync()
+                    measured = _time_calls([calls[bi] for bi in batch], sync, iters, clock)
+                    for bi, t in zip(batch, measured):
+                        times[pi, bi, rep] = torch.tensor(t, dtype=torch.float64)
+                del calls
+                del bufs
+                if bar is not None:
+                    bar.update(1)
     finally:
         if bar is not None:
             bar.close()
-    return {"rows": rows, "skipped": skipped, "backends": _backend_info(settings.backends)}
+    dist.all_reduce(times, op=dist.ReduceOp.MAX, group=control)
+    wrong = [_check(spec, settings, groups, rank, n, count, dtype, control) if settings.check else None
+             for spec, count in plan]
+    injected = _injected_delays(backends, groups, plan)
+    if rank != 0:
+        return {}
+    rows = []
+    for pi, (spec, count) in enumerate(plan):
+        for bi, b in enumerate(backends):
+            rows.append({"collective": spec.name, "size_bytes": count * elsize, "count": count,
+                         "dtype": settings.dtype, "redop": settings.redop if spec.reduces else "none",
+                         "backend": b.label,
+                         "times_us": [[round(t / 1e3, 3) for t in rep_times] for rep_times in times[pi, bi].tolist()],
+                         "wrong": None if wrong[pi] is None else wrong[pi][bi]})
+    return {"rows": rows, "skipped": skipped, "backends": _backend_info(backends), "injected_delay": injected}
 
 
 def _check(spec, settings: Settings, groups: dict, rank: int, n: int, count: int, dtype, control) -> list[int]:
@@ -238,14 +269,6 @@ def _check(spec, settings: Settings, groups: dict, rank: int, n: int, count: int
     total = torch.tensor(wrong, dtype=torch.int64)
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=control)
     return total.tolist()
-
-
-def _reset_delaycomm_stats(backends: tuple[Backend, ...], groups: dict) -> None:
-    import delaycomm
-
-    for b in backends:
-        if b.is_delaycomm:
-            delaycomm.reset_stats(groups[b.label])
 
 
 def _backend_info(backends: tuple[Backend, ...]) -> list[dict[str, Any]]:

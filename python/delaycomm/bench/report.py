@@ -51,19 +51,15 @@ COMMON = (
 )
 
 
-def backend_columns(with_delay: bool) -> tuple[Column, ...]:
+def backend_columns() -> tuple[Column, ...]:
     """The columns of one backend's group."""
-    cols = [
+    return (
         Column("p50", "(us)", 10, lambda r: r.p50_us, "{:.1f}"),
         Column("p99", "(us)", 10, lambda r: r.p99_us, "{:.1f}"),
         Column("algbw", "(GB/s)", 8, lambda r: r.algbw_GBps, "{:.3f}"),
         Column("busbw", "(GB/s)", 8, lambda r: r.busbw_GBps, "{:.3f}"),
         Column("#wrong", "", 7, lambda r: r.wrong),
-    ]
-    if with_delay:
-        cols += [Column("inj p50", "(us)", 9, lambda r: r.delay_p50_us, "{:.0f}"),
-                 Column("inj p99", "(us)", 9, lambda r: r.delay_p99_us, "{:.0f}")]
-    return tuple(cols)
+    )
 
 
 RATIO = Column("ratio", "(x raw)", 8, lambda r: r.ratio, "{:.3f}")
@@ -78,7 +74,8 @@ def header_lines(record: dict[str, Any]) -> list[str]:
     raw = raw_label(record)
     lines = [
         f"# delaycomm bench: {n} ranks on {s.get('device', '?')}, {s.get('dtype')} {s.get('redop')}, "
-        f"-n {s.get('iters')} -w {s.get('warmup')}, {s.get('repeats')} interleaved repeats, "
+        f"-n {s.get('iters')} -w {s.get('warmup')}, {s.get('repeats')} repeats interleaved by "
+        f"{s.get('interleave', 'block')}, "
         f"check {'on' if s.get('check') else 'off'}",
         f"# torch {env.get('torch', '?')}, delaycomm {env.get('delaycomm', '?')}"
         + (f" ({env['delaycomm_commit']})" if env.get("delaycomm_commit") else "")
@@ -90,6 +87,10 @@ def header_lines(record: dict[str, Any]) -> list[str]:
             cfg = b.get("config", b.get("options", {}))
             keys = ("delay", "delay_fraction", "delay_where", "nccl_algo", "nccl_buffsize")
             lines.append(f"# {b['label']}: " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
+    for d in record.get("injected_delay", []):
+        lines.append(f"# {d['backend']} injected delay on {d['collective']} (rank 0, delaycomm telemetry): "
+                     f"{d['delayed_calls']} of {d['calls']} calls delayed, p50 {d['p50_us']:.0f} us, "
+                     f"p99 {d['p99_us']:.0f} us, max {d['max_us']:.0f} us")
     lines.append("# p50/p99: percentiles of per-call time, a call's time being the max over ranks; "
                  "algbw = size / p50; busbw = algbw x bus factor (docs/bench.md)")
     if raw:
@@ -102,13 +103,12 @@ def format_table(record: dict[str, Any]) -> str:
     stats = row_stats(record)
     labels = [b["label"] for b in record["settings"]["backends"]]
     raw = raw_label(record)
-    with_delay = any(r.delay_p50_us is not None for r in stats)
     out = header_lines(record)
     for coll in dict.fromkeys(r.collective for r in stats):
         spec = collectives.get(coll)
         rows = [r for r in stats if r.collective == coll]
         by = {(r.size_bytes, r.backend): r for r in rows}
-        groups = [(label, backend_columns(with_delay and label != raw)) for label in labels]
+        groups = [(label, backend_columns()) for label in labels]
         ratios = [label for label in labels if raw and label != raw]
         out.append("#")
         out.append(f"# {coll}: busbw factor {spec.factor_text}, n = {record['world_size']}")

@@ -63,8 +63,6 @@ class RowStats:
     wrong: int | None
     ratio: float | None = None  # median over repeats of p50(this) / p50(raw) (None for the raw backend)
     repeat_ratios: tuple[float, ...] = ()
-    delay_p50_us: float | None = None
-    delay_p99_us: float | None = None
 
     @property
     def spread(self) -> float:
@@ -106,7 +104,6 @@ def row_stats(record: dict[str, Any]) -> list[RowStats]:
             redop=r["redop"], backend=r["backend"], p50_us=p50, p99_us=percentile(flat, 99), min_us=min(flat),
             max_us=max(flat), mean_us=statistics.fmean(flat), algbw_GBps=algbw, busbw_GBps=busbw,
             repeat_p50_us=rep_p50, wrong=r.get("wrong"), ratio=ratio, repeat_ratios=rep_ratios,
-            delay_p50_us=r.get("delay_p50_us"), delay_p99_us=r.get("delay_p99_us"),
         ))
     return out
 

@@ -41,6 +41,7 @@ class Settings:
     iters: int = 50
     warmup: int = 5
     repeats: int = 3
+    interleave: str = "call"
     check: int = 1
     root: int = 0
     device: str = "cpu"
