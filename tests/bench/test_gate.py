@@ -105,3 +105,49 @@ def test_max_slowdown_below_one_is_an_error():
     base = run({8: [1.0] * 3})
     with pytest.raises(GateError, match="--max-slowdown must be >= 1"):
         compare(base, base, 0.9)
+
+
+def test_a_failure_that_does_not_reproduce_in_the_confirmation_run_passes():
+    base = run({8: [1.0] * 3, 4096: [1.0] * 3})
+    first = compare(run({8: [2.0] * 3, 4096: [2.0] * 3}), base, 1.10)
+    assert [v.size_bytes for v in first.to_confirm] == [8, 4096]
+    again = compare(run({8: [2.0] * 3, 4096: [1.0] * 3}), base, 1.10)  # 4 KiB was noise
+    final = first.confirmed_by(again)
+    assert [v.size_bytes for v in final.failed] == [8]
+    text = final.format()
+    assert "4 KiB delaycomm                     1.000    1.100    2.000   3/3   ok (not confirmed)" in text
+    assert "confirmation run 1: ratio 1.000, 0/3 repeats over (did not reproduce)" in text
+    assert "all_reduce 8 B delaycomm: ratio 2.000 > limit 1.100" in text and "gate: FAIL" in text
+    # a second confirmation run only measures what still fails, and must fail again too
+    assert [v.size_bytes for v in final.to_confirm] == [8]
+    final2 = final.confirmed_by(compare(run({8: [1.0] * 3}), base, 1.10))
+    assert final2.ok and "confirmation run 2: ratio 1.000" in final2.format()
+
+
+def test_cli_confirms_failing_sizes_in_a_new_run_of_only_those_sizes(tmp_path, monkeypatch, capsys):
+    from delaycomm.bench import cli
+    from delaycomm.bench.results import save
+
+    base_path = tmp_path / "base.json"
+    save(run({8: [1.0] * 3, 4096: [1.0] * 3}), str(base_path))
+    runs = [run({8: [2.0] * 3, 4096: [2.0] * 3}), run({8: [2.0] * 3, 4096: [1.0] * 3})]
+    asked = []
+
+    def fake_measure(settings, nproc):
+        asked.append((settings.collectives, settings.sizes, nproc))
+        return runs[len(asked) - 1]
+
+    monkeypatch.setattr(cli, "_measure", fake_measure)
+    status = cli.main(["-b", "8", "-e", "4K", "-f", "512", "--compare", str(base_path), "--progress", "off"])
+    assert status == 1
+    assert asked == [(("all_reduce",), (8, 4096), 2), (("all_reduce",), (8, 4096), 2)]
+    out = capsys.readouterr().out
+    assert "confirmation run 1 of 1 on those sizes" in out and "at 1 of 2 sizes" in out
+    asked.clear()
+    runs[:] = [run({8: [2.0] * 3, 4096: [1.0] * 3}), run({8: [1.0] * 3})]
+    assert cli.main(["-b", "8", "-e", "4K", "-f", "512", "--compare", str(base_path), "--progress", "off"]) == 0
+    assert asked[1] == (("all_reduce",), (8,), 2)  # only the failing size is measured again
+    asked.clear()
+    runs[:] = [run({8: [2.0] * 3, 4096: [1.0] * 3})]
+    assert cli.main(["-b", "8", "-e", "4K", "-f", "512", "--compare", str(base_path), "--confirm", "0"]) == 1
+    assert len(asked) == 1  # --confirm 0: the first verdict stands

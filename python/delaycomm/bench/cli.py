@@ -158,6 +158,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="gate: exit 1 when delaycomm/raw ratios are worse than the baseline's by --max-slowdown")
     o.add_argument("--max-slowdown", type=_float_at_least(1.0), default=1.10, metavar="X",
                    help="allowed factor on the baseline ratio (default 1.10)")
+    o.add_argument("--confirm", type=_int_at_least(0), default=1, metavar="N",
+                   help="measure sizes that fail the gate again, up to N times, in fresh ranks; a size fails only if "
+                        "it fails every time (default 1; not under torchrun or --from-json)")
     o.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
                    help="progress bar on stderr (default auto: when stderr is a terminal)")
     return p
@@ -240,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
             baseline = results.load(a.compare)
         except results.BenchFileError as e:
             p.error(f"argument --compare: {e}")
+    nproc = None
     if a.from_json:
         try:
             record = results.load(a.from_json)
@@ -275,10 +279,28 @@ def main(argv: list[str] | None = None) -> int:
         except GateError as e:
             print(f"error: --compare {a.compare}: {e}", file=sys.stderr)
             return 2
+        for attempt in range(a.confirm if not a.from_json and nproc is not None else 0):
+            if not verdict.to_confirm:
+                break
+            print(f"# gate: {len(verdict.to_confirm)} sizes over the limit; confirmation run {attempt + 1} of "
+                  f"{a.confirm} on those sizes", file=out)
+            again = _measure(_only(settings, verdict.to_confirm), nproc)
+            if isinstance(again, str):
+                print(f"error: the confirmation run failed: {again}", file=sys.stderr)
+                return 3
+            verdict = verdict.confirmed_by(compare(again, baseline, a.max_slowdown))
         print(verdict.format(), file=out)
         if not verdict.ok:
             status = 1
     return status
+
+
+def _only(settings: Settings, verdicts) -> Settings:
+    """The settings restricted to the collectives and sizes of ``verdicts`` (a confirmation run)."""
+    import dataclasses
+
+    return dataclasses.replace(settings, collectives=tuple(dict.fromkeys(v.collective for v in verdicts)),
+                               sizes=tuple(sorted({v.size_bytes for v in verdicts})))
 
 
 def _measure(settings: Settings, nproc: int | None) -> dict[str, Any] | str | None:

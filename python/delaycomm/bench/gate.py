@@ -10,7 +10,10 @@ The rule (also in docs/bench.md and the README):
    limit = max(1, baseline ratio) x max_slowdown.
 3. A size fails when the median of this run's per-repeat ratios is above the limit *and* the ratio is above the
    limit in a strict majority of the repeats: one unlucky repeat (a scheduler hiccup) cannot fail the gate.
-4. The gate fails (exit 1) when any size fails, naming every failing size with its ratios.
+4. Confirmation: when the bench spawned its own ranks, the failing sizes are measured again in fresh processes
+   (``--confirm``, once by default), and a size fails only if it fails again: a real regression reproduces, a
+   burst of load on a shared machine rarely does.
+5. The gate fails (exit 1) when any size fails, naming every failing size with its ratios.
 """
 
 from __future__ import annotations
@@ -38,19 +41,37 @@ class SizeVerdict:
     limit: float
     ratio: float
     repeat_ratios: tuple[float, ...]
+    confirmation: SizeVerdict | None = None  # the same size measured again, when this one failed
 
     @property
     def repeats_over(self) -> int:
         return sum(1 for r in self.repeat_ratios if r > self.limit)
 
     @property
-    def failed(self) -> bool:
+    def failed_once(self) -> bool:
+        """This measurement alone fails the rule (median above the limit, in a majority of repeats)."""
         return self.ratio > self.limit and self.repeats_over * 2 > len(self.repeat_ratios)
 
+    @property
+    def failed(self) -> bool:
+        """Failed here and in every confirmation run so far."""
+        return self.failed_once and (self.confirmation is None or self.confirmation.failed)
+
+    def confirmed_by(self, again: SizeVerdict) -> SizeVerdict:
+        """This verdict with ``again`` appended to its chain of confirmation runs."""
+        tail = again if self.confirmation is None else self.confirmation.confirmed_by(again)
+        return dataclasses.replace(self, confirmation=tail)
+
     def describe(self) -> str:
-        return (f"{self.collective} {format_size(self.size_bytes)} {self.backend}: ratio {self.ratio:.3f} > limit "
+        text = (f"{self.collective} {format_size(self.size_bytes)} {self.backend}: ratio {self.ratio:.3f} > limit "
                 f"{self.limit:.3f} (baseline {self.baseline_ratio:.3f}; {self.repeats_over}/"
                 f"{len(self.repeat_ratios)} repeats over: {', '.join(f'{r:.3f}' for r in self.repeat_ratios)})")
+        c, k = self.confirmation, 1
+        while c is not None:
+            text += (f"; confirmation run {k}: ratio {c.ratio:.3f}, {c.repeats_over}/{len(c.repeat_ratios)} repeats "
+                     "over" + ("" if c.failed_once else " (did not reproduce)"))
+            c, k = c.confirmation, k + 1
+        return text
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,6 +89,20 @@ class GateResult:
     def ok(self) -> bool:
         return not self.failed
 
+    @property
+    def to_confirm(self) -> tuple[SizeVerdict, ...]:
+        """Sizes failing so far (in the run and in every confirmation run): what a confirmation run measures."""
+        return self.failed
+
+    def confirmed_by(self, again: GateResult) -> GateResult:
+        """This result with each size that is failing so far judged again by ``again`` (a run of those sizes)."""
+        by_key = {(v.collective, v.size_bytes, v.backend): v for v in again.verdicts}
+        verdicts = []
+        for v in self.verdicts:
+            other = by_key.get((v.collective, v.size_bytes, v.backend)) if v.failed else None
+            verdicts.append(v.confirmed_by(other) if other is not None else v)
+        return dataclasses.replace(self, verdicts=tuple(verdicts))
+
     def format(self) -> str:
         lines = [
             f"# gate: ratio = p50(delaycomm) / p50({self.raw}) per repeat, both measured interleaved in one run; "
@@ -77,11 +112,15 @@ class GateResult:
             f"{'over':>7}  verdict",
         ]
         for v in self.verdicts:
+            verdict = "FAIL" if v.failed else "ok (not confirmed)" if v.failed_once else "ok"
             lines.append(f"  {v.collective:<15}{format_size(v.size_bytes):>10} {v.backend:<26}{v.baseline_ratio:>9.3f}"
-                         f"{v.limit:>9.3f}{v.ratio:>9.3f}{v.repeats_over:>4}/{len(v.repeat_ratios):<2}  "
-                         f"{'FAIL' if v.failed else 'ok'}")
+                         f"{v.limit:>9.3f}{v.ratio:>9.3f}{v.repeats_over:>4}/{len(v.repeat_ratios):<2}  {verdict}")
         if self.missing:
             lines.append(f"# not measured in this run (ignored): {', '.join(self.missing)}")
+        unconfirmed = [v for v in self.verdicts if v.failed_once and not v.failed]
+        if unconfirmed:
+            lines.append("# failed once, then passed in the confirmation run (noise): "
+                         + "; ".join(v.describe() for v in unconfirmed))
         if self.ok:
             lines.append(f"gate: PASS: no slowdown beyond x{self.max_slowdown:g} at {len(self.verdicts)} sizes")
         else:
