@@ -257,6 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(record, str):
             print(f"error: the benchmark run failed: {record}", file=sys.stderr)
             return 3
+        record["argv"] = ["python", "-m", "delaycomm.bench", *(sys.argv[1:] if argv is None else argv)]
     out = sys.stderr if a.json == "-" else sys.stdout
     text = results.save(record, a.json) if a.json else None
     if a.json == "-":
