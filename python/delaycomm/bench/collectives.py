@@ -1,0 +1,226 @@
+"""One small spec per collective: element counts, buffers, the call, the expected result, the bus-bandwidth factor.
+
+The engine (:mod:`delaycomm.bench.engine`) is generic; everything collective-specific lives here, in the style of
+nccl-tests' per-collective plug-ins. The formulas are derived in ``docs/bench.md``.
+
+Conventions (n = number of ranks):
+
+- ``size`` (bytes) and ``count`` (elements) describe the *larger* buffer of a call: the all-reduce buffer, the
+  all-gather output (n chunks), the reduce-scatter input (n chunks), the broadcast buffer, the all-to-all
+  buffer (n chunks). Collectives with chunks round ``count`` down to a multiple of n.
+- Check data: rank r holds ``BASE[(i + r) % P]`` at global index i, with ``BASE = 1..P`` (P = 4, or 2 for PROD so
+  that products stay exact). Every expected value is then a small integer (or its average), exact in every dtype
+  we accept, and computed from a P-periodic table instead of n full tensors.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+__all__ = ["Collective", "COLLECTIVES", "REDOPS", "DTYPES", "get"]
+
+# Reduction ops: CLI name -> torch.distributed.ReduceOp attribute.
+REDOPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
+# dtypes: CLI name -> (torch attribute, bytes per element). Aliases map to the same entries.
+DTYPES = {
+    "float32": ("float32", 4), "float64": ("float64", 8), "float16": ("float16", 2), "bfloat16": ("bfloat16", 2),
+    "int8": ("int8", 1), "uint8": ("uint8", 1), "int32": ("int32", 4), "int64": ("int64", 8),
+}
+DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
+                 "fp64": "float64", "fp16": "float16", "int": "int32", "long": "int64"}
+# Relative tolerance of the check per floating dtype (only AVG can be inexact: all other results are small ints).
+_RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "float64": 1e-12}
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    """What the engine needs to know about one collective.
+
+    Attributes:
+        name: the CLI name (``all_reduce``).
+        stats_op: the op name in delaycomm's telemetry (``delaycomm.stats()``).
+        reduces: True when the reduction op applies (else the redop column says ``none``).
+        chunked: True when the buffer is n chunks (count rounded down to a multiple of n).
+        bus_factor: n -> busbw / algbw.
+        factor_text: the formula, for the docs and the JSON.
+    """
+
+    name: str
+    stats_op: str
+    reduces: bool
+    chunked: bool
+    bus_factor: Callable[[int], float]
+    factor_text: str
+
+    def count_for(self, size_bytes: int, elsize: int, n: int) -> int:
+        """Elements of the larger buffer for a requested size (0: the size is too small for n ranks)."""
+        count = size_bytes // elsize
+        if self.chunked:
+            count -= count % n
+        return count
+
+    # ---------------------------------------------------------------- buffers
+    def buffers(self, count: int, dtype, device, rank: int, n: int, redop: str, root: int, for_check: bool):
+        """(input, output) tensors for one call. ``output`` is None for in-place collectives.
+
+        Timing buffers hold data that repeated calls leave unchanged (zeros for an in-place SUM, ones for PROD)
+        so that values never overflow over hundreds of calls; check buffers hold the pattern of the module doc.
+        """
+        import torch
+
+        chunk = count // n if self.chunked else count
+        in_count = chunk if self.name == "all_gather" else count
+        out_count = {"all_gather": count, "reduce_scatter": chunk, "all_to_all": count}.get(self.name)
+        if not for_check and self.name == "all_reduce" and redop in ("sum", "prod"):
+            # NOTE: in-place SUM/PROD would grow the values call after call (fp16 overflows after ~16 calls).
+            inp = torch.full((in_count,), 0 if redop == "sum" else 1, dtype=dtype, device=device)
+        elif self.name == "broadcast" and rank != root and for_check:
+            inp = torch.zeros(in_count, dtype=dtype, device=device)
+        else:
+            inp = _pattern(in_count, rank, redop, dtype, device)
+        out = None if out_count is None else torch.empty(out_count, dtype=dtype, device=device)
+        return inp, out
+
+    # ---------------------------------------------------------------- the call
+    def run(self, inp, out, group, redop: str, root: int) -> None:
+        """Issue the collective on ``group`` and wait for it (torch's synchronous form)."""
+        import torch.distributed as dist
+
+        op = getattr(dist.ReduceOp, REDOPS[redop])
+        if self.name == "all_reduce":
+            dist.all_reduce(inp, op=op, group=group)
+        elif self.name == "all_gather":
+            _ALL_GATHER(out, inp, group=group)
+        elif self.name == "reduce_scatter":
+            _REDUCE_SCATTER(out, inp, op=op, group=group)
+        elif self.name == "broadcast":
+            dist.broadcast(inp, src=root, group=group)
+        elif self.name == "all_to_all":
+            dist.all_to_all_single(out, inp, group=group)
+        else:  # pragma: no cover - COLLECTIVES is closed
+            raise AssertionError(self.name)
+
+    def result(self, inp, out):
+        """The tensor that holds this rank's result after :meth:`run`."""
+        return inp if out is None else out
+
+    # ---------------------------------------------------------------- the check
+    def expected(self, count: int, rank: int, n: int, redop: str, root: int):
+        """This rank's expected result as float64 (int64 for integer dtypes is not needed: values are small)."""
+        import torch
+
+        period = _period(redop)
+        chunk = count // n if self.chunked else count
+        if self.name == "all_reduce":
+            return _reduced_table(n, redop)[torch.arange(count) % period]
+        if self.name == "reduce_scatter":
+            return _reduced_table(n, redop)[(torch.arange(chunk) + rank * chunk) % period]
+        if self.name == "broadcast":
+            return _base(period)[(torch.arange(count) + root) % period]
+        i = torch.arange(chunk)
+        if self.name == "all_gather":
+            # chunk s comes from rank s, which holds BASE[(i + s) % P] at its local index i.
+            return torch.cat([_base(period)[(i + s) % period] for s in range(n)])
+        if self.name == "all_to_all":
+            # chunk s comes from rank s: its input chunk `rank`, global index rank*chunk + i.
+            return torch.cat([_base(period)[(i + rank * chunk + s) % period] for s in range(n)])
+        raise AssertionError(self.name)  # pragma: no cover
+
+    def count_wrong(self, got, expected, dtype_name: str) -> int:
+        """Elements of ``got`` that differ from ``expected`` (NaN counts as wrong)."""
+        import torch
+
+        g = got.detach().to("cpu", torch.float64)
+        exp = _cast_like(expected, got.dtype)
+        if dtype_name in _RTOL:
+            tol = _RTOL[dtype_name] * exp.abs().clamp(min=1.0)
+            bad = ~((g - exp).abs() <= tol)
+        else:
+            bad = g != exp
+        return int(bad.sum().item())
+
+
+def _resolve_tensor_ops():
+    """torch >= 2.13 names the single-tensor forms ``*_single`` (the ``*_tensor`` names warn); older torch lacks them."""
+    import torch.distributed as dist
+
+    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
+            getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)
+
+
+_ALL_GATHER = _REDUCE_SCATTER = None
+
+
+def bind_torch_ops() -> None:
+    """Look up torch's collective functions once (called by the engine, so importing this module stays cheap)."""
+    global _ALL_GATHER, _REDUCE_SCATTER
+    _ALL_GATHER, _REDUCE_SCATTER = _resolve_tensor_ops()
+
+
+def _period(redop: str) -> int:
+    return 2 if redop == "prod" else 4
+
+
+def _base(period: int):
+    import torch
+
+    return torch.arange(1, period + 1, dtype=torch.float64)
+
+
+def _pattern(count: int, rank: int, redop: str, dtype, device):
+    import torch
+
+    period = _period(redop)
+    return ((torch.arange(count, device=device) + rank) % period + 1).to(dtype)
+
+
+def _reduced_table(n: int, redop: str):
+    """R[j] = reduce over ranks r of BASE[(j + r) % P], for j in [0, P)."""
+    import torch
+
+    period = _period(redop)
+    base = _base(period)
+    stacked = torch.stack([base[(torch.arange(period) + r) % period] for r in range(n)])
+    if redop == "sum":
+        return stacked.sum(0)
+    if redop == "prod":
+        return stacked.prod(0)
+    if redop == "min":
+        return stacked.min(0).values
+    if redop == "max":
+        return stacked.max(0).values
+    return stacked.mean(0)
+
+
+def _cast_like(expected, dtype):
+    """The expected values as the dtype would hold them (integer wrap-around included), back in float64."""
+    import torch
+
+    if dtype.is_floating_point:
+        return expected.to(dtype).to(torch.float64)
+    return expected.to(torch.int64).to(dtype).to(torch.float64)
+
+
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c
+    for c in (
+        Collective("all_reduce", "allreduce", True, False, lambda n: 2.0 * (n - 1) / n, "2(n-1)/n"),
+        Collective("all_gather", "_allgather_base", False, True, lambda n: (n - 1) / n, "(n-1)/n"),
+        Collective("reduce_scatter", "_reduce_scatter_base", True, True, lambda n: (n - 1) / n, "(n-1)/n"),
+        Collective("broadcast", "broadcast", False, False, lambda n: 1.0, "1"),
+        Collective("all_to_all", "alltoall_base", False, True, lambda n: (n - 1) / n, "(n-1)/n"),
+    )
+}
+
+
+def get(name: str) -> Collective:
+    """The spec of a collective by CLI name.
+
+    Raises:
+        ValueError: an unknown name (the message lists the accepted ones).
+    """
+    try:
+        return COLLECTIVES[name]
+    except KeyError:
+        raise ValueError(f"unknown collective {name!r}; expected one of: {', '.join(COLLECTIVES)}") from None
