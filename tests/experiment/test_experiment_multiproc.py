@@ -61,6 +61,7 @@ def test_quick_configs_differ_only_in_communication(quick):
     # The delayed configs did get delays, and the stale ones went through the staleness engine.
     for name in ("bsp-delay", "ssp2-ema", "asp-apply", "asp-drop"):
         assert recs[name]["metrics"]["delayed_calls"] > 0, name
+    assert recs["straggler"]["metrics"]["slowed_calls"] > 0
     for name in ("ssp2-ema", "asp-apply", "asp-drop"):
         assert recs[name]["metrics"]["staleness"]["steps"] > 0, name
 

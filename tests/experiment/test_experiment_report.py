@@ -20,7 +20,8 @@ def _rank(rank, losses, step_s, end_s, ar_p50_us, ar_p99_us, delayed=0, stalenes
         "test_accuracy": 0.75, "stopped_by_budget": False,
         "stats": {"ops": {"allreduce": {"calls": 4, "delayed_calls": delayed,
                                         "latency": {"p50_us": ar_p50_us, "p99_us": ar_p99_us}}},
-                  "staleness": staleness or {"steps": 0}},
+                  "staleness": staleness or {"steps": 0},
+                  "slowdown": {"calls": 2 * rank, "blocked": {"count": 2 * rank, "mean_ms": 3.0}}},
     }
 
 
@@ -48,6 +49,7 @@ def test_summarize_combines_ranks_as_documented():
     assert m["step_p99_ms"] == pytest.approx(4.0 + 0.97 * (10.0 - 4.0))  # numpy's linear interpolation
     assert m["allreduce_p50_ms"] == pytest.approx(0.3) and m["allreduce_p99_ms"] == pytest.approx(0.9)
     assert m["allreduce_calls"] == 8 and m["delayed_calls"] == 3
+    assert m["slowed_calls"] == 2 and m["slowdown_wait_s"] == pytest.approx(0.006)
     st = m["staleness"]
     assert (st["steps"], st["fresh"], st["stale"], st["dropped"]) == (8, 5, 3, 1)
     assert st["stale_fresh_ratio"] == pytest.approx(0.6)

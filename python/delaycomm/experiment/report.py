@@ -7,6 +7,7 @@ Measuring is the runner's job; everything here is arithmetic on its output. How 
 - the training loss of a step is the mean over ranks of their batch losses (each rank trains on its own shard).
 - allreduce latency P50/P99 come from delaycomm's histograms (issue to completion, per rank); the table shows the
   rank where they are highest. The raw gloo reference has no such telemetry ("-").
+- delayed and slowed calls are summed over ranks; the slowdown's wait is the largest total over ranks.
 - staleness counts are summed over ranks; stale:fresh is stale arrivals over fresh contributions.
 """
 
@@ -81,6 +82,12 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
         metrics["allreduce_p50_ms"] = max(a["latency"]["p50_us"] for a in ar) * 1e-3 if ar else None
         metrics["allreduce_p99_ms"] = max(a["latency"]["p99_us"] for a in ar) * 1e-3 if ar else None
         metrics["delayed_calls"] = sum(op.get("delayed_calls", 0) for r in ranks for op in _ops(r).values())
+        slow = [(r.get("stats") or {}).get("slowdown") or {} for r in ranks]
+        metrics["slowed_calls"] = sum(b.get("calls", 0) for b in slow)
+        # total time the slowdown made the callers wait: mean x count per rank, the largest over ranks
+        metrics["slowdown_wait_s"] = max(
+            (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")),
+            default=0.0)
         metrics["staleness"] = _staleness(ranks)
     out["metrics"] = metrics
     out["curves"] = {
@@ -130,6 +137,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("ar p50", "ms", 7, _m("allreduce_p50_ms"), "{:.2f}"),
     Column("ar p99", "ms", 7, _m("allreduce_p99_ms"), "{:.2f}"),
     Column("delayed", "calls", 7, _m("delayed_calls"), "{}"),
+    Column("slowed", "calls", 7, _m("slowed_calls"), "{}"),
     Column("stale:fresh", "", 11, _st("stale_fresh_ratio"), "{:.3f}"),
     Column("stl mean", "steps", 8, _st("staleness_mean_steps"), "{:.2f}"),
     Column("stl max", "steps", 7, _st("staleness_max_steps"), "{:.0f}"),
