@@ -1,0 +1,110 @@
+"""The experiment's configurations: one table, name -> backend and DelayConfig keywords.
+
+Every config trains the same model on the same data with the same hyper-parameters and seeds; only the
+communication differs. A config that takes the experiment's ``--delay`` spec says so (``uses_delay``), so that one
+flag moves every delayed config together.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+__all__ = ["ExperimentConfig", "CONFIGS", "DEFAULT_DELAY", "select_configs", "resolved_options", "effect_problems"]
+
+DEFAULT_DELAY = "exp:p99=40ms"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+    """One row of the table.
+
+    Attributes:
+        name: the name used on the command line (``--configs``).
+        backend: ``"gloo"`` (the raw reference) or ``"delaycomm"``.
+        options: DelayConfig keywords (without ``delay`` and ``seed``, which the experiment supplies).
+        uses_delay: the config takes the experiment's delay spec (``--delay``).
+        description: one line for the table and the docs.
+    """
+
+    name: str
+    backend: str
+    options: Mapping[str, Any]
+    uses_delay: bool
+    description: str
+
+
+CONFIGS: tuple[ExperimentConfig, ...] = (
+    ExperimentConfig("gloo", "gloo", {}, False, "raw Gloo, no delaycomm: the reference"),
+    ExperimentConfig("bsp", "delaycomm", {}, False, "delaycomm without delay (BSP): its overhead vs gloo"),
+    ExperimentConfig("bsp-delay", "delaycomm", {}, True,
+                     "network delay on a fraction of calls; BSP pays every delay as waiting"),
+    ExperimentConfig("straggler", "delaycomm", {"slowdown": "0:4x"}, False,
+                     "rank 0 computes 4x slower; BSP waits for it every step"),
+    ExperimentConfig("ssp2-ema", "delaycomm", {"staleness": "ssp:2", "stale_policy": "ema"}, True,
+                     "delay under SSP(2); late gradients blended by EMA (alpha 0.1)"),
+    ExperimentConfig("asp-apply", "delaycomm", {"staleness": "asp", "stale_policy": "apply"}, True,
+                     "delay under ASP; late gradients applied when they arrive"),
+    ExperimentConfig("asp-drop", "delaycomm", {"staleness": "asp", "stale_policy": "drop"}, True,
+                     "delay under ASP; late gradients dropped"),
+)
+_BY_NAME = {c.name: c for c in CONFIGS}
+
+
+def select_configs(names: Sequence[str] | None) -> list[ExperimentConfig]:
+    """The configs named on the command line, in the order given (None: all of them).
+
+    Raises:
+        ValueError: an unknown or repeated name, naming the flag and the accepted names.
+    """
+    if names is None:
+        return list(CONFIGS)
+    out: list[ExperimentConfig] = []
+    for name in names:
+        if name not in _BY_NAME:
+            raise ValueError(
+                f"--configs: unknown config {name!r}; accepted: {', '.join(_BY_NAME)}"
+            )
+        if _BY_NAME[name] in out:
+            raise ValueError(f"--configs: config {name!r} is listed twice")
+        out.append(_BY_NAME[name])
+    if not out:
+        raise ValueError(f"--configs: no config given; accepted: {', '.join(_BY_NAME)}")
+    return out
+
+
+def resolved_options(config: ExperimentConfig, delay: str, seed: int) -> dict[str, Any]:
+    """The DelayConfig keywords a config runs with (empty for the raw gloo reference)."""
+    if config.backend != "delaycomm":
+        return {}
+    opts = dict(config.options)
+    opts["seed"] = seed
+    if config.uses_delay:
+        opts["delay"] = delay
+    return opts
+
+
+def effect_problems(config: ExperimentConfig, options: Mapping[str, Any], stats: Sequence[Mapping]) -> list[str]:
+    """Checks that what a config asked for shows in the telemetry of its ranks (``delaycomm.stats`` per rank).
+
+    An option that a build accepts but does not act on would otherwise produce a row indistinguishable from
+    plain BSP. Returns one sentence per option that left no trace (empty when all did).
+    """
+    if config.backend != "delaycomm":
+        return []
+    problems = []
+    if options.get("delay", "none") != "none":
+        delayed = sum(op.get("delayed_calls", 0) for s in stats for op in s.get("ops", {}).values())
+        if delayed == 0:
+            problems.append(f"delay={options['delay']!r} was set but no rank recorded a delayed call")
+    if str(options.get("slowdown", "none")) != "none":
+        calls = sum((s.get("slowdown") or {}).get("calls", 0) for s in stats)
+        if calls == 0:
+            problems.append(f"slowdown={options['slowdown']!r} was set but no rank recorded a slowed call")
+    staleness = str(options.get("staleness", "bsp"))
+    if staleness not in ("bsp", "ssp:0"):
+        steps = sum(s.get("staleness", {}).get("steps", 0) for s in stats)
+        if steps == 0:
+            problems.append(f"staleness={staleness!r} was set but the staleness engine recorded no step")
+    return problems

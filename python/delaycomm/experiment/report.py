@@ -1,0 +1,212 @@
+"""Turns what the ranks measured into one summary per config, a table, JSON and a plot.
+
+Measuring is the runner's job; everything here is arithmetic on its output. How ranks are combined:
+
+- a step's time is the slowest rank's time for that step (the step is done when every rank is); P50/P99 are over
+  steps. Wall clock is the slowest rank's, from the barrier after setup to its last step.
+- the training loss of a step is the mean over ranks of their batch losses (each rank trains on its own shard).
+- allreduce latency P50/P99 come from delaycomm's histograms (issue to completion, per rank); the table shows the
+  rank where they are highest. The raw gloo reference has no such telemetry ("-").
+- delayed and slowed calls are summed over ranks; the slowdown's wait is the largest total over ranks.
+- staleness counts are summed over ranks; stale:fresh is stale arrivals over fresh contributions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from delaycomm.experiment.configs import ExperimentConfig, effect_problems
+
+__all__ = ["summarize", "format_table", "plot", "COLUMNS"]
+
+
+def _ops(rank: dict) -> dict:
+    return (rank.get("stats") or {}).get("ops", {})
+
+
+def _staleness(ranks: Sequence[dict]) -> dict[str, Any] | None:
+    blocks = [(r.get("stats") or {}).get("staleness") for r in ranks]
+    blocks = [b for b in blocks if b]
+    if not blocks or not any(b.get("steps") for b in blocks):
+        return None
+    fresh = sum(b["fresh"] for b in blocks)
+    stale = sum(b["stale"] for b in blocks)
+    arrivals = sum(b["staleness"]["count"] for b in blocks)
+    mean = (sum(b["staleness"]["mean"] * b["staleness"]["count"] for b in blocks) / arrivals) if arrivals else 0.0
+    return {
+        "steps": sum(b["steps"] for b in blocks), "fresh": fresh, "stale": stale,
+        "dropped": sum(b["dropped"] for b in blocks),
+        "stale_fresh_ratio": stale / fresh if fresh else None,
+        "staleness_mean_steps": mean,
+        "staleness_max_steps": max(b["staleness"]["max"] for b in blocks) if arrivals else 0.0,
+        "blocked_ms": max(b["blocked_ms"] for b in blocks),
+    }
+
+
+def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
+    """One config's record: what it was, its status and, when it ran, its metrics and curves."""
+    out: dict[str, Any] = {
+        "name": config.name, "backend": config.backend, "description": config.description,
+        "options": run["options"], "status": run["status"], "message": run["message"],
+        "startup_s": run.get("startup_s"),
+    }
+    ranks = run["ranks"]
+    if run["status"] != "ok":
+        return out
+    problems = effect_problems(config, run["options"], [r.get("stats") or {} for r in ranks])
+    if problems:
+        out["status"] = "unavailable"
+        out["message"] = "not in effect in this build: " + "; ".join(problems)
+    r0 = ranks[0]
+    n = min(len(r["losses"]) for r in ranks)
+    step_s = np.max([r["step_s"][:n] for r in ranks], axis=0)
+    wall_s = max(r["wall_s"] for r in ranks)
+    metrics: dict[str, Any] = {
+        "test_accuracy": r0["test_accuracy"], "test_loss": r0["test_loss"],
+        "train_accuracy": r0["train_accuracy"],
+        "initial_train_loss": r0["initial_train_loss"], "final_train_loss": r0["final_train_loss"],
+        "loss_fell": r0["final_train_loss"] < r0["initial_train_loss"],
+        "steps": n, "epochs": len(r0["epochs"]), "stopped_by_budget": r0["stopped_by_budget"],
+        "wall_s": wall_s, "steps_per_s": n / wall_s if wall_s > 0 else 0.0,
+        "step_p50_ms": float(np.percentile(step_s, 50)) * 1e3 if n else None,
+        "step_p99_ms": float(np.percentile(step_s, 99)) * 1e3 if n else None,
+    }
+    if config.backend == "delaycomm":
+        ar = [_ops(r).get("allreduce") for r in ranks]
+        ar = [a for a in ar if a]
+        metrics["allreduce_calls"] = sum(a["calls"] for a in ar)
+        metrics["allreduce_p50_ms"] = max(a["latency"]["p50_us"] for a in ar) * 1e-3 if ar else None
+        metrics["allreduce_p99_ms"] = max(a["latency"]["p99_us"] for a in ar) * 1e-3 if ar else None
+        metrics["delayed_calls"] = sum(op.get("delayed_calls", 0) for r in ranks for op in _ops(r).values())
+        slow = [(r.get("stats") or {}).get("slowdown") or {} for r in ranks]
+        metrics["slowed_calls"] = sum(b.get("calls", 0) for b in slow)
+        # total time the slowdown made the callers wait: mean x count per rank, the largest over ranks
+        metrics["slowdown_wait_s"] = max(
+            (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")),
+            default=0.0)
+        metrics["staleness"] = _staleness(ranks)
+    out["metrics"] = metrics
+    out["curves"] = {
+        "step": list(range(1, n + 1)),
+        "t_s": np.max([r["end_s"][:n] for r in ranks], axis=0).tolist(),
+        "loss": np.mean([r["losses"][:n] for r in ranks], axis=0).tolist(),
+    }
+    out["epochs"] = r0["epochs"]
+    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "step_s", "end_s", "epochs")}
+                    for r in ranks]
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    header: str
+    unit: str
+    width: int
+    value: Callable[[dict], Any]
+    fmt: str  # for numbers; None values print as "-"
+
+
+def _m(key: str) -> Callable[[dict], Any]:
+    return lambda rec: rec.get("metrics", {}).get(key)
+
+
+def _st(key: str) -> Callable[[dict], Any]:
+    return lambda rec: (rec.get("metrics", {}).get("staleness") or {}).get(key)
+
+
+def _pct(rec: dict) -> Any:
+    v = rec.get("metrics", {}).get("test_accuracy")
+    return None if v is None else 100.0 * v
+
+
+COLUMNS: tuple[Column, ...] = (
+    Column("config", "", 11, lambda rec: rec["name"], "{}"),
+    Column("status", "", 11, lambda rec: rec["status"], "{}"),
+    Column("test acc", "%", 8, _pct, "{:.1f}"),
+    Column("loss 0", "", 7, _m("initial_train_loss"), "{:.3f}"),
+    Column("loss end", "", 8, _m("final_train_loss"), "{:.4f}"),
+    Column("wall", "s", 7, _m("wall_s"), "{:.2f}"),
+    Column("steps", "", 6, _m("steps"), "{}"),
+    Column("steps/s", "1/s", 8, _m("steps_per_s"), "{:.1f}"),
+    Column("step p50", "ms", 8, _m("step_p50_ms"), "{:.2f}"),
+    Column("step p99", "ms", 8, _m("step_p99_ms"), "{:.2f}"),
+    Column("ar p50", "ms", 7, _m("allreduce_p50_ms"), "{:.2f}"),
+    Column("ar p99", "ms", 7, _m("allreduce_p99_ms"), "{:.2f}"),
+    Column("delayed", "calls", 7, _m("delayed_calls"), "{}"),
+    Column("slowed", "calls", 7, _m("slowed_calls"), "{}"),
+    Column("stale:fresh", "", 11, _st("stale_fresh_ratio"), "{:.3f}"),
+    Column("stl mean", "steps", 8, _st("staleness_mean_steps"), "{:.2f}"),
+    Column("stl max", "steps", 7, _st("staleness_max_steps"), "{:.0f}"),
+)
+
+
+def _cell(i: int, col: Column, rec: dict) -> str:
+    if i < 2:
+        return f"{col.value(rec):<{col.width}}"
+    # A config that did not run as asked shows no numbers here (its record in --json keeps what was measured).
+    v = col.value(rec) if rec["status"] == "ok" else None
+    text = "-" if v is None else col.fmt.format(v)
+    return f"{text:>{col.width}}"
+
+
+def format_table(records: Sequence[dict], header_lines: Sequence[str] = ()) -> str:
+    """The records as a fixed-column table: ``#`` header lines, column names, units, one row per config, then
+    one ``#`` line per config that did not run (with why)."""
+    def row(cells: list[str]) -> str:
+        return "  ".join(cells).rstrip()
+
+    names = [f"{c.header:<{c.width}}" if i < 2 else f"{c.header:>{c.width}}" for i, c in enumerate(COLUMNS)]
+    units = [f"{'(' + c.unit + ')' if c.unit else '':{'<' if i < 2 else '>'}{c.width}}"
+             for i, c in enumerate(COLUMNS)]
+    lines = [f"# {h}" for h in header_lines]
+    lines.append("# " + row(names))
+    lines.append("# " + row(units))
+    lines.extend("  " + row([_cell(i, c, rec) for i, c in enumerate(COLUMNS)]) for rec in records)
+    for rec in records:
+        if rec["message"]:
+            lines.append(f"# {rec['name']}: {rec['message']}")
+    return "\n".join(lines)
+
+
+def plot(records: Sequence[dict], path: str, title: str) -> None:
+    """Training loss vs step and vs wall clock, and test accuracy vs wall clock, one line per config."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 3, figsize=(16, 4.8))
+    for rec in records:
+        if rec["status"] != "ok" or "curves" not in rec:
+            continue
+        c = rec["curves"]
+        loss = _smooth(np.asarray(c["loss"]), max(1, rec["ranks"][0]["steps_per_epoch"] // 2))
+        axes[0].plot(c["step"], loss, label=rec["name"], lw=1.2)
+        axes[1].plot(c["t_s"], loss, label=rec["name"], lw=1.2)
+        ep = rec["epochs"]
+        axes[2].plot([e["t_s"] for e in ep], [100.0 * e["test_accuracy"] for e in ep], marker=".",
+                     label=rec["name"], lw=1.2)
+    axes[0].set(xlabel="step", ylabel="training loss (mean over ranks, smoothed)", yscale="log")
+    axes[1].set(xlabel="wall clock (s)", ylabel="training loss", yscale="log")
+    axes[2].set(xlabel="wall clock (s)", ylabel="test accuracy (%)")
+    for ax in axes:
+        ax.grid(True, alpha=0.3)
+    axes[2].legend(fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _smooth(x: np.ndarray, window: int) -> np.ndarray:
+    """Trailing moving average (the first points average what there is so far)."""
+    if window <= 1 or len(x) == 0:
+        return x
+    c = np.cumsum(np.insert(x, 0, 0.0))
+    idx = np.arange(1, len(x) + 1)
+    lo = np.maximum(0, idx - window)
+    return (c[idx] - c[lo]) / (idx - lo)

@@ -1,0 +1,111 @@
+"""The experiment as a function: run each config, summarise, and return one JSON-ready document."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import platform
+import socket
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from delaycomm.experiment.configs import ExperimentConfig
+from delaycomm.experiment.report import summarize
+from delaycomm.experiment.runner import Hyper, Runner, load_digits_split
+from delaycomm.experiment.worker import MODELS, steps_per_epoch
+
+__all__ = ["run_experiment", "machine_info", "header_lines"]
+
+
+def machine_info() -> dict[str, Any]:
+    """Where the numbers were measured: host, CPUs, platform and versions."""
+    import numpy
+    import sklearn
+    import torch
+
+    import delaycomm
+
+    cpu = platform.processor() or ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    return {
+        "host": socket.gethostname(), "cpus": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(),
+        "python": platform.python_version(), "torch": torch.__version__, "delaycomm": delaycomm.__version__,
+        "numpy": numpy.__version__, "scikit_learn": sklearn.__version__,
+    }
+
+
+def header_lines(doc: dict[str, Any]) -> list[str]:
+    """The ``#`` lines above the table: what was run, with what, where."""
+    hp, ds, m = doc["hyper"], doc["dataset"], doc["machine"]
+    epochs = f"{hp['epochs']} epochs" if hp["budget_s"] is None else (
+        f"budget {hp['budget_s']:g} s (at most {hp['epochs']} epochs)")
+    lines = [
+        f"delaycomm.experiment: {ds['name']} ({ds['n_train']} train / {ds['n_test']} test), model {hp['model']} "
+        f"({MODELS[hp['model']][1]}), {hp['nproc']} ranks x {ds['steps_per_epoch']} steps/epoch, {epochs}",
+        f"SGD lr {hp['lr']:g} momentum {hp['momentum']:g}, batch {hp['batch_size']}/rank, seed {hp['seed']}, "
+        f"delay of the delayed configs: {hp['delay']}; identical for every config",
+        f"machine: {m['host']}, {m['cpus']} CPUs ({m['cpu_model']}), torch {m['torch']}, delaycomm "
+        f"{m['delaycomm']}; 1 intra-op thread per rank",
+    ]
+    if doc["ignored_env"]:
+        lines.append("ignored (each config sets its options itself): " + ", ".join(doc["ignored_env"]))
+    return lines
+
+
+def run_experiment(hp: Hyper, configs: Sequence[ExperimentConfig], progress: bool | None = None) -> dict[str, Any]:
+    """Train every config in ``configs`` with the hyper-parameters ``hp``.
+
+    Args:
+        hp: the hyper-parameters (checked by the caller: :func:`delaycomm.experiment.cli.parse_args`).
+        configs: the rows of :data:`delaycomm.experiment.configs.CONFIGS` to run, in order.
+        progress: show a tqdm bar on stderr (None: only when stderr is a terminal).
+
+    Returns:
+        The document that ``--json`` writes: ``tool``, ``argv``, ``machine``, ``hyper``, ``dataset``,
+        ``configs`` (one :func:`delaycomm.experiment.report.summarize` record each), ``duration_s``.
+    """
+    from tqdm import tqdm
+
+    started = time.monotonic()
+    data = load_digits_split(hp.seed, hp.test_fraction)
+    spe = steps_per_epoch(len(data["x_train"]), hp.nproc, hp.batch_size)
+    if spe < 1:
+        raise ValueError(
+            f"--batch-size: expected at most {len(data['x_train']) // hp.nproc} (the {len(data['x_train'])} "
+            f"training samples split over {hp.nproc} ranks), got {hp.batch_size}")
+    doc: dict[str, Any] = {
+        "tool": "delaycomm.experiment", "argv": sys.argv, "machine": machine_info(),
+        "hyper": dataclasses.asdict(hp),
+        "dataset": {"name": "sklearn digits", "n_train": len(data["x_train"]), "n_test": len(data["x_test"]),
+                    "features": int(data["x_train"].shape[1]), "classes": int(data["n_classes"]),
+                    "steps_per_epoch": spe},
+        "ignored_env": sorted(k for k in os.environ if k.startswith("DELAYCOMM_") and k != "DELAYCOMM_LOG_LEVEL"),
+        "configs": [],
+    }
+    total = None if hp.budget_s is not None else len(configs) * hp.epochs * spe
+    runner = Runner()
+    with tqdm(total=total, unit="step", file=sys.stderr, disable=(None if progress is None else not progress),
+              dynamic_ncols=True) as bar:
+        for config in configs:
+            bar.set_description(config.name)
+            done = [0]
+
+            def advance(n: int) -> None:
+                done[0] += n
+                bar.update(n)
+
+            run = runner.run(config, hp, data, advance)
+            doc["configs"].append(summarize(config, run))
+            if total is not None:
+                bar.update(max(0, hp.epochs * spe - done[0]))  # steps that will not come (failed, stopped)
+    doc["duration_s"] = time.monotonic() - started
+    return doc

@@ -1,0 +1,120 @@
+"""End to end: real rank processes, the real backend. The --quick run is the CI check that every config trains."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+
+import pytest
+
+from delaycomm.experiment import CONFIGS
+from delaycomm.experiment.cli import main
+from delaycomm.experiment.configs import ExperimentConfig
+from delaycomm.experiment.runner import Hyper, Runner, load_digits_split
+
+pytestmark = pytest.mark.multiproc
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    """One `--quick` run of every config, through the command line as a user runs it."""
+    out = tmp_path_factory.mktemp("quick")
+    js, png = out / "quick.json", out / "quick.png"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "delaycomm.experiment", "--quick", "--no-progress", "--json", str(js),
+         "--plot", str(png)], capture_output=True, text=True, timeout=280, env=env)
+    return proc, js, png
+
+
+@pytest.mark.timeout(300)
+def test_quick_every_config_trains(quick):
+    proc, js, png = quick
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(js.read_text())
+    recs = {c["name"]: c for c in doc["configs"]}
+    assert list(recs) == [c.name for c in CONFIGS]
+    for name, rec in recs.items():
+        assert rec["status"] == "ok", f"{name}: {rec['message']}"
+        m = rec["metrics"]
+        assert m["loss_fell"] and m["final_train_loss"] < m["initial_train_loss"], name
+        assert m["steps"] == 4 * doc["dataset"]["steps_per_epoch"], name
+        assert m["test_accuracy"] > 0.1, name  # better than chance on 10 balanced classes
+        assert len(rec["curves"]["loss"]) == m["steps"]
+    for line in proc.stdout.splitlines():
+        assert not line.startswith("# ") or ": not " not in line, line
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.timeout(300)
+def test_quick_configs_differ_only_in_communication(quick):
+    _, js, _ = quick
+    doc = json.loads(js.read_text())
+    recs = {c["name"]: c for c in doc["configs"]}
+    # Same data, seeds and initial weights everywhere.
+    assert len({round(r["metrics"]["initial_train_loss"], 12) for r in recs.values()}) == 1
+    # Without delay, delaycomm over Gloo computes what raw Gloo computes: the same losses at every step.
+    assert recs["bsp"]["curves"]["loss"] == recs["gloo"]["curves"]["loss"]
+    # The delayed configs did get delays, and the stale ones went through the staleness engine.
+    for name in ("bsp-delay", "ssp2-ema", "asp-apply", "asp-drop"):
+        assert recs[name]["metrics"]["delayed_calls"] > 0, name
+    assert recs["straggler"]["metrics"]["slowed_calls"] > 0
+    for name in ("ssp2-ema", "asp-apply", "asp-drop"):
+        assert recs[name]["metrics"]["staleness"]["steps"] > 0, name
+
+
+def _hyper(**kw):
+    base = dict(model="mlp", epochs=1, batch_size=32, lr=0.05, momentum=0.9, seed=0, nproc=2,
+                delay="exp:p99=40ms", budget_s=None, timeout_s=120.0)
+    base.update(kw)
+    return Hyper(**base)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    return Runner()
+
+
+@pytest.fixture(scope="module")
+def data():
+    return load_digits_split(0, 0.2)
+
+
+@pytest.mark.timeout(120)
+def test_value_error_at_init_is_reported_as_unavailable(runner, data):
+    bad = ExperimentConfig("bad", "delaycomm", {"delay_ranks": "5"}, False, "a rank that does not exist")
+    run = runner.run(bad, _hyper(), data, lambda n: None)
+    assert run["status"] == "unavailable"
+    assert run["message"].startswith(
+        "not available in this build: delaycomm: invalid value [5] for option 'delay_ranks'"), run["message"]
+    assert run["ranks"] == []
+
+
+@pytest.mark.timeout(120)
+def test_an_error_in_a_rank_is_a_failure_with_its_message(runner, data):
+    run = runner.run(CONFIGS[1], _hyper(model="nope"), data, lambda n: None)
+    assert run["status"] == "failed"
+    assert run["message"].startswith("rank 0: KeyError: 'nope' (at worker.py:"), run["message"]
+    assert not multiprocessing.active_children()
+
+
+@pytest.mark.timeout(120)
+def test_budget_stops_every_rank_at_the_same_step(runner, data):
+    run = runner.run(CONFIGS[1], _hyper(epochs=1_000_000, budget_s=0.5), data, lambda n: None)
+    assert run["status"] == "ok", run["message"]
+    r0, r1 = run["ranks"]
+    assert r0["stopped_by_budget"] and r1["stopped_by_budget"]
+    assert r0["steps"] == r1["steps"] > 0
+    assert max(r0["end_s"][-1], r1["end_s"][-1]) >= 0.5
+
+
+@pytest.mark.timeout(120)
+def test_timeout_stops_the_ranks_and_exits_1(capsys):
+    assert main(["--configs", "bsp", "--epochs", "1000", "--timeout", "2", "--no-progress"]) == 1
+    out = capsys.readouterr().out
+    assert "  bsp          timeout" in out
+    assert "# bsp: timed out after 2 s (--timeout) with 0/2 ranks done" in out
+    assert not multiprocessing.active_children()
