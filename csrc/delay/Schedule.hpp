@@ -14,12 +14,15 @@ namespace delaycomm {
 // Streams name independent sequences of draws:
 //   [0, kLoaderStream)           one per op kind of a group (OpKind), t = the group's sequence number;
 //   kLoaderStream                DelayedLoader batches, t = the batch index;
+//   kSimulatorStream             the offline simulator's network delays;
 //   keyStream(key)               a reduction key of the staleness engine, t = its step.
 //
 // Threads: immutable after construction; safe from any thread.
 class DelaySchedule {
  public:
   static constexpr uint64_t kLoaderStream = 1ull << 16;
+  // Reserved for the offline simulator (python -m delaycomm.sim), so its draws never collide with a group's.
+  static constexpr uint64_t kSimulatorStream = kLoaderStream + 1;
   static constexpr uint64_t keyStream(uint64_t key) { return (1ull << 32) | key; }
 
   // fraction in [0, 1]; ranks: the delayed ranks, empty = all.
