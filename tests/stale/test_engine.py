@@ -167,3 +167,41 @@ def test_apply_conserves_every_contribution_over_200_steps(staleness, bound):
         assert out["pending"] == (0, 0)
         if bound is not None:
             assert out["max_staleness"] <= bound
+
+
+def _rss_kib() -> int:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * (__import__("os").sysconf("SC_PAGE_SIZE") // 1024)
+
+
+def _memory_ranks(rank, world, steps):
+    import torch
+    import torch.distributed as dist
+
+    import delaycomm
+
+    cfg = delaycomm.DelayConfig(delay="exp:p99=40ms", delay_fraction=0.5, seed=2, staleness="ssp:2",
+                                stale_policy="ema", step_ms=STEP_MS)
+    dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
+    backend = dist.group.WORLD._get_backend(torch.device("cpu"))
+    g = torch.zeros(1024)
+    max_pending = 0
+    rss = {}
+    for t in range(steps):
+        g.normal_()
+        delaycomm.stale_allreduce(g, key=t % 2)  # two keys
+        max_pending = max(max_pending, backend.stale_pending()[0])
+        if t + 1 in (steps // 5, steps):
+            rss[t + 1] = _rss_kib()
+    delaycomm.flush()
+    return {"max_pending": max_pending, "rss": rss}
+
+
+@pytest.mark.timeout(180)
+def test_deferred_buffers_bounded_and_rss_flat_over_10k_steps():
+    steps = 10_000
+    results = run_ranks(_memory_ranks, 2, steps, timeout=170)
+    for out in results.values():
+        assert out["max_pending"] <= 2 * 2, out  # at most S copies per key, 2 keys
+        early, late = out["rss"][steps // 5], out["rss"][steps]
+        assert late - early < 8 * 1024, f"RSS grew by {late - early} KiB between step {steps // 5} and {steps}"
