@@ -16,7 +16,7 @@ def test_every_collective_bitwise_equal_to_gloo(delay, fraction):
     results = spawn(w.collectives_bitwise, 2, timeout=55, delay=delay, fraction=fraction)
     for r in results:
         assert r["mismatches"] == []
-        assert r["compared"] > 20
+        assert r["compared"] >= 16  # every output of every collective, two rounds
         assert r["delayed"] > 0
 
 
