@@ -316,3 +316,35 @@ def inner_errors(rank, world_size, init_method):
     out["errors"] = delaycomm.stats(delayed)["ops"]["allreduce"]["errors"]
     dist.destroy_process_group()
     return out
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096 / 2**20
+
+
+def memory_over_many_ops(rank, world_size, init_method, n=10_000):
+    """10^4 delayed async all-reduces of fresh 16 KiB tensors: resident memory stays flat (works, futures and
+    tensors are released once complete)."""
+    _init(rank, world_size, init_method, delay="const:20us", delay_fraction=0.5, delay_ops="allreduce")
+    backend = backend_of(dist.group.WORLD)
+
+    def burst(count):
+        works = []
+        for i in range(count):
+            works.append(dist.all_reduce(torch.ones(4096), async_op=True))
+            if len(works) == 64:
+                for w in works:
+                    w.wait()
+                works.clear()
+        for w in works:
+            w.wait()
+
+    burst(500)
+    before = _rss_mb()
+    burst(n)
+    after = _rss_mb()
+    delayed = delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]["delayed_calls"]
+    pending = backend.pending_delayed_ops()
+    dist.destroy_process_group()
+    return {"growth_mb": after - before, "delayed": delayed, "pending": pending}

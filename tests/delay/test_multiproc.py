@@ -16,7 +16,7 @@ def test_every_collective_bitwise_equal_to_gloo(delay, fraction):
     results = spawn(w.collectives_bitwise, 2, timeout=55, delay=delay, fraction=fraction)
     for r in results:
         assert r["mismatches"] == []
-        assert r["compared"] > 20
+        assert r["compared"] >= 16  # every output of every collective, two rounds
         assert r["delayed"] > 0
 
 
@@ -99,3 +99,11 @@ def test_errors_of_the_inner_op_reach_wait_and_the_future():
         assert r["completed_after"] is True and r["exception"] is True
         assert r["next_value"] == 2.0
         assert r["errors"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(60)
+def test_memory_stays_flat_over_ten_thousand_delayed_ops():
+    for r in spawn(w.memory_over_many_ops, 2):
+        assert r["delayed"] > 4000 and r["pending"] == 0
+        assert r["growth_mb"] < 32, r  # a leak of the outputs alone would be 160 MB
