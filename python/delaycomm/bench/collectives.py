@@ -154,7 +154,7 @@ def _tile(table, count: int, offset: int):
 
 
 def _resolve_tensor_ops():
-    """torch >= 2.13 names the single-tensor forms ``*_single`` (the ``*_tensor`` names warn); older torch lacks them."""
+    """torch >= 2.13 names the single-tensor forms ``*_single`` (the older names warn); older torch lacks them."""
     import torch.distributed as dist
 
     return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
