@@ -101,3 +101,12 @@ def make_record(times: dict[tuple[str, int, str], list[list[float]]], world_size
                      "timeout_s": 60.0, "progress": False},
         "rows": rows, "skipped": [],
     }
+
+
+def failing_entry(rank: int, world_size: int, settings, init_method: str, clock=None) -> Any:
+    """An engine entry whose rank 1 fails before joining the group (rank 0 would wait for it)."""
+    from delaycomm.bench import engine
+
+    if rank == 1:
+        raise RuntimeError("rank 1 broke on purpose")
+    return engine.run_rank(rank, world_size, settings, init_method, clock)

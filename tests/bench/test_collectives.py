@@ -82,9 +82,18 @@ def test_count_wrong_counts_an_injected_error(dtype):
     spec = get("all_reduce")
     expected = spec.expected(64, 0, 3, "sum", 0)
     got = expected.to(getattr(torch, dtype)).clone()
-    assert spec.count_wrong(got, expected, dtype) == 0
+    assert spec.count_wrong(got, expected, dtype, "sum") == 0
     got[7] += 1
-    assert spec.count_wrong(got, expected, dtype) == 1
+    assert spec.count_wrong(got, expected, dtype, "sum") == 1
+
+
+def test_count_wrong_takes_avg_to_a_tolerance():
+    spec = get("all_reduce")
+    expected = spec.expected(4, 0, 3, "avg", 0)  # means of three small integers: not all exact in binary
+    got = expected.to(torch.float16)
+    assert spec.count_wrong(got, expected, "float16", "avg") == 0
+    got[1] *= 1.01
+    assert spec.count_wrong(got, expected, "float16", "avg") == 1
 
 
 def test_count_wrong_counts_nan():
@@ -92,7 +101,7 @@ def test_count_wrong_counts_nan():
     expected = spec.expected(8, 0, 2, "sum", 0)
     got = expected.float()
     got[0] = float("nan")
-    assert spec.count_wrong(got, expected, "float32") == 1
+    assert spec.count_wrong(got, expected, "float32", "sum") == 1
 
 
 def test_int8_prod_wraps_like_the_dtype():
@@ -100,7 +109,7 @@ def test_int8_prod_wraps_like_the_dtype():
     spec = get("all_reduce")
     expected = spec.expected(2, 0, 8, "prod", 0)
     assert expected.tolist() == [16.0, 16.0]  # 8 ranks alternate 1 and 2: 2^4
-    assert spec.count_wrong(torch.tensor([16, 16], dtype=torch.int8), expected, "int8") == 0
+    assert spec.count_wrong(torch.tensor([16, 16], dtype=torch.int8), expected, "int8", "prod") == 0
 
 
 def test_timing_buffers_do_not_grow_under_in_place_sum():

@@ -12,7 +12,7 @@ from delaycomm.bench import launch, results
 from delaycomm.bench.cli import main
 from delaycomm.bench.settings import Backend, Settings
 
-from .helpers import ScriptedClock, corrupt_entry, make_record, slow_entry
+from .helpers import ScriptedClock, corrupt_entry, failing_entry, make_record, slow_entry
 
 pytestmark = pytest.mark.multiproc
 BACKENDS = (Backend("delaycomm", "delaycomm"), Backend("gloo", "gloo"))
@@ -88,6 +88,13 @@ def test_the_check_catches_an_injected_wrong_result(tmp_path, capsys):
     assert main(["--from-json", path]) == 1
     out = capsys.readouterr().out
     assert "#wrong in total: 2 FAILED" in out and "error: 2 wrong result elements" in out
+
+
+@pytest.mark.timeout(90)
+def test_a_failing_rank_fails_the_run_at_once_with_its_traceback():
+    # rank 0 waits in the rendezvous for rank 1, which is gone: the parent must not wait for the group timeout
+    with pytest.raises(launch.RunFailed, match="(?s)rank 1 failed:.*RuntimeError: rank 1 broke on purpose"):
+        launch.spawn(2, settings(timeout_s=600.0), entry=failing_entry)
 
 
 @pytest.fixture(scope="module")

@@ -265,7 +265,7 @@ def _check(spec, settings: Settings, groups: dict, rank: int, n: int, count: int
         inp, out = spec.buffers(count, dtype, settings.device, rank, n, settings.redop, settings.root, for_check=True)
         spec.run(inp, out, groups[b.label], settings.redop, settings.root)
         _sync_fn(settings.device)()
-        wrong.append(spec.count_wrong(spec.result(inp, out), expected, settings.dtype))
+        wrong.append(spec.count_wrong(spec.result(inp, out), expected, settings.dtype, settings.redop))
     total = torch.tensor(wrong, dtype=torch.int64)
     dist.all_reduce(total, op=dist.ReduceOp.SUM, group=control)
     return total.tolist()

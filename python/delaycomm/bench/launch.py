@@ -51,7 +51,8 @@ def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None
         settings: the run's parameters.
         clock: a picklable nanosecond clock for the ranks (tests); default ``time.perf_counter_ns``.
         entry: the function each rank runs (default :func:`delaycomm.bench.engine.run_rank`, same signature).
-        deadline_s: kill every rank and fail after this many seconds (default: the group timeout x 2 + 60 s).
+        deadline_s: kill every rank and fail after this many seconds (default: no deadline: a long sweep may take
+            long; a hung collective fails by the process-group timeout, a dead rank is noticed at once).
 
     Raises:
         RunFailed: a rank raised or died (the others are stopped at once), or the deadline passed.
@@ -66,7 +67,7 @@ def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     procs = [ctx.Process(target=_child, args=(entry, r, nproc, settings, init_method, clock, results, env),
                          daemon=True) for r in range(nproc)]
-    deadline = time.monotonic() + (deadline_s if deadline_s is not None else 2 * settings.timeout_s + 60)
+    deadline = time.monotonic() + deadline_s if deadline_s is not None else None
     try:
         for p in procs:
             p.start()
@@ -86,7 +87,7 @@ def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None
                 time.sleep(0.2)  # a rank that reported just before exiting: read its message first
                 if results.empty():
                     raise RunFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} without reporting")
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise RunFailed(f"ranks {sorted(waiting)} still running at the deadline: stopped them")
         for p in procs:
             p.join(timeout=30)
