@@ -27,6 +27,7 @@ BAD = [
     (["--momentum", "1"], "--momentum: expected a finite number in [0, 1), got 1"),
     (["--seed", "-3"], "--seed: expected an integer in [0, 2^63), got -3"),
     (["--timeout", "-1"], "--timeout: expected a finite number in (0, inf), got -1"),
+    (["--step-ms", "0"], "--step-ms: expected a finite number in (0, inf), got 0"),
     (["--delay", "none"], "--delay: expected a delay distribution for the delayed configs, got 'none'; to compare "
                           "without delay, run --configs gloo,bsp"),
     (["--plot", "out.txt"], "--plot: expected a file name ending in .png, .pdf, .svg, got 'out.txt'"),

@@ -36,6 +36,11 @@ def test_resolved_options(name, expected):
     assert resolved_options(BY_NAME[name], "const:5ms", 3) == expected
 
 
+def test_step_ms_goes_to_every_delaycomm_config_when_given():
+    assert resolved_options(BY_NAME["bsp"], "const:5ms", 3, 2.5) == {"seed": 3, "step_ms": 2.5}
+    assert resolved_options(BY_NAME["gloo"], "const:5ms", 3, 2.5) == {}
+
+
 def test_select_keeps_the_given_order():
     assert [c.name for c in select_configs(["asp-drop", "gloo"])] == ["asp-drop", "gloo"]
     assert select_configs(None) == list(CONFIGS)
@@ -43,9 +48,9 @@ def test_select_keeps_the_given_order():
         select_configs([])
 
 
-def _stats(delayed=0, steps=0, slowed=0):
-    return {"ops": {"allreduce": {"calls": 10, "delayed_calls": delayed}}, "staleness": {"steps": steps},
-            "slowdown": {"calls": slowed}}
+def _stats(delayed=0, steps=0, slowed=0, stale=0, dropped=0):
+    return {"ops": {"allreduce": {"calls": 10, "delayed_calls": delayed}},
+            "staleness": {"steps": steps, "stale": stale, "dropped": dropped}, "slowdown": {"calls": slowed}}
 
 
 EFFECTS = [
@@ -58,11 +63,13 @@ EFFECTS = [
     ("straggler", [_stats(slowed=9), _stats()], []),
     ("straggler", [{"ops": {}}, {"ops": {}}],
      ["slowdown='0:4x' was set but no rank recorded a slowed call"]),
-    ("ssp2-ema", [_stats(delayed=1, steps=5), _stats(steps=5)], []),
-    ("asp-drop", [_stats(delayed=2), _stats()],
-     ["staleness='asp' was set but the staleness engine recorded no step"]),
+    ("ssp2-ema", [_stats(steps=5, stale=2), _stats(steps=5, stale=2)], []),
+    ("asp-drop", [_stats(steps=5, dropped=1), _stats(steps=5, dropped=1)], []),
+    # delayed calls are no evidence under ssp/asp: the schedule's delays must show up as late contributions
+    ("asp-apply", [_stats(delayed=4, steps=5), _stats(delayed=4, steps=5)],
+     ["delay='exp:p99=40ms' was set but no contribution arrived late"]),
     ("ssp2-ema", [_stats(), _stats()],
-     ["delay='exp:p99=40ms' was set but no rank recorded a delayed call",
+     ["delay='exp:p99=40ms' was set but no contribution arrived late",
       "staleness='ssp:2' was set but the staleness engine recorded no step"]),
 ]
 

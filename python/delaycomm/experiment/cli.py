@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--delay", default=DEFAULT_DELAY, metavar="SPEC",
                    help=f"delay distribution of the delayed configs (default: {DEFAULT_DELAY}); any delaycomm "
                         f"spec, e.g. lognormal:p50=5ms,p99=40ms")
+    p.add_argument("--step-ms", type=float, default=None, metavar="MS",
+                   help="step time that turns a delay into steps of staleness (default: calibrated by the backend "
+                        "at init; set it to make the stale configs reproducible run to run)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help=f"limit per config, startup included (default: {DEFAULT_TIMEOUT_S:g}; "
                         f"--quick: {QUICK_TIMEOUT_S:g})")
@@ -115,6 +118,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Hyper, list[ExperimentCon
         raise ValueError(f"--seed: expected an integer in [0, 2^63), got {args.seed}")
     if args.timeout is not None:
         _finite("--timeout", args.timeout, 0.0, True)
+    if args.step_ms is not None:
+        _finite("--step-ms", args.step_ms, 0.0, True)
     _check_output("--json", args.json)
     _check_output("--plot", args.plot, _PLOT_SUFFIXES)
     delay = _check_delay(args.delay)
@@ -126,7 +131,8 @@ def parse_args(argv: list[str] | None = None) -> tuple[Hyper, list[ExperimentCon
         epochs = QUICK_EPOCHS if args.quick else DEFAULT_EPOCHS
     timeout = args.timeout if args.timeout is not None else (QUICK_TIMEOUT_S if args.quick else DEFAULT_TIMEOUT_S)
     hp = Hyper(model=args.model, epochs=epochs, batch_size=args.batch_size, lr=args.lr, momentum=args.momentum,
-               seed=args.seed, nproc=args.nproc, delay=delay, budget_s=args.budget, timeout_s=timeout)
+               seed=args.seed, nproc=args.nproc, delay=delay, budget_s=args.budget, timeout_s=timeout,
+               step_ms=args.step_ms)
     return hp, configs, args
 
 
@@ -143,12 +149,12 @@ def _check_delay(spec: str) -> str:
     return spec.strip()
 
 
-def _list_configs(delay: str, seed: int) -> str:
+def _list_configs(delay: str, seed: int, step_ms: float | None) -> str:
     from delaycomm.experiment.configs import resolved_options
 
     lines = [f"# {'config':<11} {'backend':<10} {'DelayConfig keywords':<60} description"]
     for c in CONFIGS:
-        opts = resolved_options(c, delay, seed)
+        opts = resolved_options(c, delay, seed, step_ms)
         kw = ", ".join(f"{k}={v!r}" for k, v in opts.items()) or "-"
         lines.append(f"  {c.name:<11} {c.backend:<10} {kw:<60} {c.description}")
     return "\n".join(lines)
@@ -163,7 +169,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"python -m delaycomm.experiment: error: {e}", file=sys.stderr)
         return 2
     if args.list_configs:
-        print(_list_configs(hp.delay, hp.seed))
+        print(_list_configs(hp.delay, hp.seed, hp.step_ms))
         return 0
 
     from delaycomm.experiment.report import format_table, plot

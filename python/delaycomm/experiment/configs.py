@@ -74,12 +74,18 @@ def select_configs(names: Sequence[str] | None) -> list[ExperimentConfig]:
     return out
 
 
-def resolved_options(config: ExperimentConfig, delay: str, seed: int) -> dict[str, Any]:
-    """The DelayConfig keywords a config runs with (empty for the raw gloo reference)."""
+def resolved_options(config: ExperimentConfig, delay: str, seed: int,
+                     step_ms: float | None = None) -> dict[str, Any]:
+    """The DelayConfig keywords a config runs with (empty for the raw gloo reference).
+
+    ``step_ms`` None leaves the backend to calibrate it (``step_ms="auto"``).
+    """
     if config.backend != "delaycomm":
         return {}
     opts = dict(config.options)
     opts["seed"] = seed
+    if step_ms is not None:
+        opts["step_ms"] = step_ms
     if config.uses_delay:
         opts["delay"] = delay
     return opts
@@ -94,16 +100,23 @@ def effect_problems(config: ExperimentConfig, options: Mapping[str, Any], stats:
     if config.backend != "delaycomm":
         return []
     problems = []
-    if options.get("delay", "none") != "none":
+    staleness = str(options.get("staleness", "bsp"))
+    stale = staleness not in ("bsp", "ssp:0")
+    if options.get("delay", "none") != "none" and not stale:
         delayed = sum(op.get("delayed_calls", 0) for s in stats for op in s.get("ops", {}).values())
         if delayed == 0:
             problems.append(f"delay={options['delay']!r} was set but no rank recorded a delayed call")
+    if options.get("delay", "none") != "none" and stale:
+        # NOTE: under ssp/asp the schedule's delays become staleness, not network delay: the evidence is late
+        # contributions (stale arrivals or drops), not delayed calls.
+        late = sum((s.get("staleness") or {}).get(k, 0) for s in stats for k in ("stale", "dropped"))
+        if late == 0:
+            problems.append(f"delay={options['delay']!r} was set but no contribution arrived late")
     if str(options.get("slowdown", "none")) != "none":
         calls = sum((s.get("slowdown") or {}).get("calls", 0) for s in stats)
         if calls == 0:
             problems.append(f"slowdown={options['slowdown']!r} was set but no rank recorded a slowed call")
-    staleness = str(options.get("staleness", "bsp"))
-    if staleness not in ("bsp", "ssp:0"):
+    if stale:
         steps = sum(s.get("staleness", {}).get("steps", 0) for s in stats)
         if steps == 0:
             problems.append(f"staleness={staleness!r} was set but the staleness engine recorded no step")

@@ -8,7 +8,8 @@ Measuring is the runner's job; everything here is arithmetic on its output. How 
 - allreduce latency P50/P99 come from delaycomm's histograms (issue to completion, per rank); the table shows the
   rank where they are highest. The raw gloo reference has no such telemetry ("-").
 - delayed and slowed calls are summed over ranks; the slowdown's wait is the largest total over ranks.
-- staleness counts are summed over ranks; stale:fresh is stale arrivals over fresh contributions.
+- staleness counts are the group's (equal on every rank: all derive them from the shared schedule); stale:fresh is
+  stale arrivals over fresh contributions; SSP blocked time is the largest over ranks.
 """
 
 from __future__ import annotations
@@ -29,21 +30,19 @@ def _ops(rank: dict) -> dict:
 
 
 def _staleness(ranks: Sequence[dict]) -> dict[str, Any] | None:
+    """The group's staleness counts. Every rank derives who is fresh and who is late from the shared schedule, so
+    the counts are the group's and equal on every rank: they are taken from rank 0. Blocked time is per rank: the
+    largest is kept."""
     blocks = [(r.get("stats") or {}).get("staleness") for r in ranks]
-    blocks = [b for b in blocks if b]
-    if not blocks or not any(b.get("steps") for b in blocks):
+    if not blocks[0] or not blocks[0].get("steps"):
         return None
-    fresh = sum(b["fresh"] for b in blocks)
-    stale = sum(b["stale"] for b in blocks)
-    arrivals = sum(b["staleness"]["count"] for b in blocks)
-    mean = (sum(b["staleness"]["mean"] * b["staleness"]["count"] for b in blocks) / arrivals) if arrivals else 0.0
+    b = blocks[0]
     return {
-        "steps": sum(b["steps"] for b in blocks), "fresh": fresh, "stale": stale,
-        "dropped": sum(b["dropped"] for b in blocks),
-        "stale_fresh_ratio": stale / fresh if fresh else None,
-        "staleness_mean_steps": mean,
-        "staleness_max_steps": max(b["staleness"]["max"] for b in blocks) if arrivals else 0.0,
-        "blocked_ms": max(b["blocked_ms"] for b in blocks),
+        "steps": b["steps"], "fresh": b["fresh"], "stale": b["stale"], "dropped": b["dropped"],
+        "stale_fresh_ratio": b["stale"] / b["fresh"] if b["fresh"] else None,
+        "staleness_mean_steps": b["staleness"]["mean"] if b["staleness"]["count"] else 0.0,
+        "staleness_max_steps": b["staleness"]["max"] if b["staleness"]["count"] else 0.0,
+        "blocked_ms": max(x["blocked_ms"] for x in blocks if x),
     }
 
 
@@ -70,6 +69,7 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
         "train_accuracy": r0["train_accuracy"],
         "initial_train_loss": r0["initial_train_loss"], "final_train_loss": r0["final_train_loss"],
         "loss_fell": r0["final_train_loss"] < r0["initial_train_loss"],
+        "pending_keys_at_end": r0.get("pending_keys_at_end", 0),
         "steps": n, "epochs": len(r0["epochs"]), "stopped_by_budget": r0["stopped_by_budget"],
         "wall_s": wall_s, "steps_per_s": n / wall_s if wall_s > 0 else 0.0,
         "step_p50_ms": float(np.percentile(step_s, 50)) * 1e3 if n else None,
@@ -139,6 +139,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("delayed", "calls", 7, _m("delayed_calls"), "{}"),
     Column("slowed", "calls", 7, _m("slowed_calls"), "{}"),
     Column("stale:fresh", "", 11, _st("stale_fresh_ratio"), "{:.3f}"),
+    Column("dropped", "", 7, _st("dropped"), "{}"),
     Column("stl mean", "steps", 8, _st("staleness_mean_steps"), "{:.2f}"),
     Column("stl max", "steps", 7, _st("staleness_max_steps"), "{:.0f}"),
 )

@@ -52,7 +52,8 @@ def header_lines(doc: dict[str, Any]) -> list[str]:
         f"delaycomm.experiment: {ds['name']} ({ds['n_train']} train / {ds['n_test']} test), model {hp['model']} "
         f"({MODELS[hp['model']][1]}), {hp['nproc']} ranks x {ds['steps_per_epoch']} steps/epoch, {epochs}",
         f"SGD lr {hp['lr']:g} momentum {hp['momentum']:g}, batch {hp['batch_size']}/rank, seed {hp['seed']}, "
-        f"delay of the delayed configs: {hp['delay']}; identical for every config",
+        f"delay of the delayed configs: {hp['delay']}, step_ms "
+        f"{'calibrated' if hp['step_ms'] is None else format(hp['step_ms'], 'g')}; identical for every config",
         f"machine: {m['host']}, {m['cpus']} CPUs ({m['cpu_model']}), torch {m['torch']}, delaycomm "
         f"{m['delaycomm']}; 1 intra-op thread per rank",
     ]

@@ -39,6 +39,7 @@ class Hyper:
     delay: str
     budget_s: float | None
     timeout_s: float
+    step_ms: float | None = None
     test_fraction: float = 0.2
 
 
@@ -82,7 +83,7 @@ class Runner:
         from delaycomm.experiment.worker import run_rank
 
         self._runs += 1
-        options = resolved_options(config, hp.delay, hp.seed)
+        options = resolved_options(config, hp.delay, hp.seed, hp.step_ms)
         job = {
             "backend": config.backend, "options": options, "model": hp.model, "epochs": hp.epochs,
             "batch_size": hp.batch_size, "lr": hp.lr, "momentum": hp.momentum, "seed": hp.seed,

@@ -88,6 +88,10 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     model = build_model(job["model"], x_train.shape[1], n_classes, job["seed"])
     initial_train_loss, _ = _evaluate(model, x_train, y_train)
     ddp = DistributedDataParallel(model)
+    stale = job["options"].get("staleness", "bsp") not in ("bsp", "ssp:0")
+    if stale:
+        # The staleness engine needs a stable key per DDP bucket: delaycomm's hook keys by bucket.index().
+        ddp.register_comm_hook(state=None, hook=delaycomm.ddp_hook)
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     stop_group = dist.new_group(backend="gloo") if job["budget_s"] is not None else None
     if job["backend"] == "delaycomm":
@@ -134,18 +138,22 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
         if stop:
             break
     wall_s = time.perf_counter() - t0
+    # The telemetry of the training steps, read before flush() adds a collective of its own.
+    stats = delaycomm.stats(dist.group.WORLD) if job["backend"] == "delaycomm" else None
+    # Contributions still deferred at the last step: delivered (so the group ends clean) but not applied to the
+    # model, as no step follows. Counted so that the report can say how many there were.
+    pending_at_end = len(delaycomm.flush(dist.group.WORLD)) if stale else 0
     if rank == 0 and unreported:
         queue.put(("progress", unreported))
 
     final_train_loss, train_acc = _evaluate(model, x_train, y_train)
     test_loss, test_acc = _evaluate(model, x_test, y_test)
-    stats = delaycomm.stats(dist.group.WORLD) if job["backend"] == "delaycomm" else None
     return {
         "rank": rank, "pid": os.getpid(), "wall_s": wall_s, "steps": len(losses), "steps_per_epoch": spe,
         "losses": losses, "step_s": step_s, "end_s": end_s, "epochs": epochs,
         "initial_train_loss": initial_train_loss, "final_train_loss": final_train_loss,
         "train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc,
-        "stopped_by_budget": stop, "stats": stats,
+        "stopped_by_budget": stop, "pending_keys_at_end": pending_at_end, "stats": stats,
     }
 
 
