@@ -28,7 +28,11 @@ def _surface(rank, world, stats_path):
     t = torch.ones(2)
     dist.all_reduce(t)
     dist.destroy_process_group()
-    dist.init_process_group("delaycomm", timeout=timedelta(seconds=30),
+    # NOTE: the second world rendezvouses through a file: re-creating the TCPStore on the same port races (a fast
+    # rank can reach the old store before the slow rank tears it down), in torch with any backend.
+    rdzv = stats_path.format(rank="rdzv")
+    dist.init_process_group("delaycomm", init_method=f"file://{rdzv}", rank=rank, world_size=world,
+                            timeout=timedelta(seconds=30),
                             pg_options=delaycomm.DelayConfig(stats=stats_path.format(rank=rank)))
     t = torch.ones(2)
     dist.all_reduce(t)

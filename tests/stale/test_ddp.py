@@ -20,14 +20,14 @@ def _train(rank, cfg_kwargs, hook, steps=40):
 
     import delaycomm
 
-    dist.init_process_group("delaycomm", timeout=timedelta(seconds=60),
-                            pg_options=delaycomm.DelayConfig(**cfg_kwargs))
+    # NOTE: one group per config in one world (re-initialising the world races torch's TCPStore restart).
+    group = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(**cfg_kwargs))
     torch.manual_seed(0)
     teacher = torch.randn(16, 1)
     model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1))
-    ddp = DDP(model, bucket_cap_mb=0.0005)
+    ddp = DDP(model, process_group=group, bucket_cap_mb=0.0005)
     if hook:
-        ddp.register_comm_hook(None, delaycomm.ddp_hook)
+        ddp.register_comm_hook(group, delaycomm.ddp_hook)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
     gen = torch.Generator().manual_seed(rank)
     losses = []
@@ -40,15 +40,17 @@ def _train(rank, cfg_kwargs, hook, steps=40):
             loss.backward()
             opt.step()
             losses.append(loss.item())
-        delaycomm.flush()
-    st = delaycomm.stats(dist.group.WORLD)["staleness"]
-    dist.destroy_process_group()
+        delaycomm.flush(group)
+    st = delaycomm.stats(group)["staleness"]
     runtime = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)]
     return {"final": float(np.mean(losses[-10:])), "first": float(np.mean(losses[:5])), "stats": st,
             "warnings": runtime}
 
 
 def _ddp_compare(rank, world):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
     delay = {"delay": "exp:p99=30ms", "delay_fraction": 0.3, "seed": 3, "step_ms": 10.0}
     bsp = _train(rank, {}, hook=False)
     ssp = _train(rank, {**delay, "staleness": "ssp:2", "stale_policy": "ema"}, hook=True)
