@@ -153,17 +153,10 @@ def create_backend(dist_opts, pg_options):
     Raises:
         ValueError: a bad option (named, with its variable and what is accepted).
     """
-    if pg_options is not None and not isinstance(pg_options, DelayConfig):
-        # new_group() without pg_options may hand us a copy of the parent's c10d Options: keep the process-wide
-        # config then. Anything else is a user error.
-        if isinstance(pg_options, dist.Backend.Options if hasattr(dist.Backend, "Options") else ()) or (
-            type(pg_options).__name__ == "Options"
-        ):
-            pg_options = None
-        else:
-            raise ValueError(
-                f"delaycomm: pg_options must be a delaycomm.DelayConfig, got {type(pg_options).__name__}"
-            )
+    if isinstance(pg_options, torch._C._distributed_c10d.Backend.Options):
+        # torch may hand a group a copy of its parent's c10d Options: keep the process-wide config then.
+        # Anything else that is not a DelayConfig is refused by resolve(), with the one message for it.
+        pg_options = None
     cfg = resolve(pg_options)
     store = dist_opts.store
     rank, size, timeout = dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
