@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 from delaycomm import _C
-from delaycomm._config import DelayConfig, EffectiveConfig, resolve
+from delaycomm._config import EffectiveConfig, resolve
 
 logger = logging.getLogger("delaycomm")
 
