@@ -137,7 +137,8 @@ def agree(store: dist.Store, rank: int, size: int, timeout: timedelta, group: st
             s.wait(what, timeout)
         except dist.DistStoreError:
             missing = [global_ranks[r] for r in range(size) if not s.check([keys[r]])]
-            who = f"{_ranges(missing)} to publish their options" if missing else f"the other ranks to {waiting_for}"
+            who = (f"{_ranges(missing)} to publish {'its' if len(missing) == 1 else 'their'} options" if missing
+                   else f"the other ranks to {waiting_for}")
             raise dist.DistStoreError(
                 f"delaycomm: group {group!r} rank {rank}: creating the group timed out after "
                 f"{timeout.total_seconds():g} s (the group's timeout) waiting for {who}; a rank that never creates "
