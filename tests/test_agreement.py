@@ -121,41 +121,61 @@ def test_a_group_recreated_on_the_same_store_agrees_afresh():
 # --- as a user meets it: the same script, one rank's environment differs -----------------------------------------
 
 
-def _env_world(rank, world, per_rank_env):
+def _env_world(rank, world, attempts, rdzv):
+    """Per attempt: this rank's DELAYCOMM_* environment, then init_process_group as an unmodified script does."""
     import torch.distributed as dist
 
-    os.environ.update(per_rank_env[rank])
-    t0 = time.monotonic()
-    try:
-        dist.init_process_group("delaycomm", timeout=timedelta(seconds=20))
-    except ValueError as e:
-        return {"error": str(e), "s": time.monotonic() - t0}
-    return {"error": None}
+    out = []
+    for i, per_rank_env in enumerate(attempts):
+        for k in [k for k in os.environ if k.startswith("DELAYCOMM_")]:
+            del os.environ[k]
+        os.environ.update(per_rank_env[rank])
+        t0 = time.monotonic()
+        try:
+            dist.init_process_group("delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world,
+                                    timeout=timedelta(seconds=20))
+        except ValueError as e:
+            out.append({"error": str(e), "s": time.monotonic() - t0})
+            continue
+        out.append({"error": None})
+        dist.destroy_process_group()
+    return out
 
 
-@pytest.mark.timeout(120)
-def test_staleness_set_on_one_rank_only_fails_on_both():
-    # The issue's reproduction: rank 0 ssp:2, rank 1 bsp gave silently wrong sums (or a deadlock under step_ms=auto).
-    res = run_ranks(_env_world, 2, [{"DELAYCOMM_STALENESS": "ssp:2", "DELAYCOMM_SEED": "3"}, {"DELAYCOMM_SEED": "4"}],
-                    timeout=90)
+ENV_ATTEMPTS = [
+    # The issue's reproduction: rank 0 ssp:2, rank 1 bsp gave silently wrong sums (or a deadlock under
+    # step_ms=auto); different seeds gave different schedules.
+    [{"DELAYCOMM_STALENESS": "ssp:2", "DELAYCOMM_SEED": "3"}, {"DELAYCOMM_SEED": "4"}],
+    # A bad value on rank 1 only: before, rank 1 raised and rank 0 waited in Gloo's connect for the whole timeout.
+    [{}, {"DELAYCOMM_SEED": "-1"}],
+]
+
+
+@pytest.fixture(scope="module")
+def env_runs(tmp_path_factory):
+    return run_ranks(_env_world, 2, ENV_ATTEMPTS, str(tmp_path_factory.mktemp("rdzv") / "r"), timeout=120)
+
+
+@pytest.mark.timeout(150)
+def test_staleness_set_on_one_rank_only_fails_on_both(env_runs):
     expected = (HEAD +
                 "  seed: '3' on rank 0 (from the environment variable DELAYCOMM_SEED); '4' on rank 1 (from the "
                 "environment variable DELAYCOMM_SEED)\n"
                 "  staleness: 'ssp:2' on rank 0 (from the environment variable DELAYCOMM_STALENESS); 'bsp' on rank 1 "
                 "(from the default)" + TAIL)
-    assert res[0]["error"] == expected and res[1]["error"] == expected
+    assert env_runs[0][0]["error"] == env_runs[1][0]["error"] == expected
 
 
-@pytest.mark.timeout(120)
-def test_a_bad_value_on_one_rank_fails_every_rank_at_once():
-    # Before: rank 1 raised, rank 0 waited in Gloo's connect for the whole timeout.
-    res = run_ranks(_env_world, 2, [{}, {"DELAYCOMM_SEED": "-1"}], timeout=90)
+@pytest.mark.timeout(150)
+def test_a_bad_value_on_one_rank_fails_every_rank_at_once(env_runs):
     own = ("delaycomm: invalid value '-1' for option 'seed' from the environment variable DELAYCOMM_SEED: expected "
            "an integer in [0, 2^63)")
-    assert res[1]["error"] == own
-    assert res[0]["error"] == ("delaycomm: group '0' cannot be created: the options of rank 1 were rejected (every "
-                               "rank of the group raises this error):\n  rank 1: " + own)
-    assert res[0]["s"] < 15, "rank 0 waited for the group's timeout instead of failing with rank 1"
+    group = re.match(r"delaycomm: group '(\d+)'", env_runs[0][1]["error"] or "")
+    assert env_runs[1][1]["error"] == own
+    assert env_runs[0][1]["error"] == (
+        f"delaycomm: group '{group.group(1) if group else '?'}' cannot be created: the options of rank 1 were "
+        f"rejected (every rank of the group raises this error):\n  rank 1: {own}")
+    assert env_runs[0][1]["s"] < 15, "rank 0 waited for the group's timeout instead of failing with rank 1"
 
 
 def _trace_world(rank, world, paths):

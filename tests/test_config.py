@@ -282,7 +282,7 @@ def _fits(cfg) -> None:
     native = _C.BackendOptions()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # a tail past the timeout is a warning, not the point here
-        _fill_delay_options(native, cfg, 0, timedelta(seconds=30), False)
+        _fill_delay_options(native, cfg, 0, timedelta(seconds=30))
     _fill_stale_options(native, cfg, dist.HashStore())
     if v["delay"] != "none":
         d = _C.parse_delay_spec(v["delay"])
@@ -347,3 +347,11 @@ def test_readme_lists_every_option():
     readme = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
     for opt in OPTIONS:
         assert f"| `{opt.name}` | `{opt.env}` |" in readme, f"README's options table lacks {opt.name}"
+
+
+def test_readme_says_which_options_must_match():
+    readme = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
+    for opt in OPTIONS:
+        row = next(line for line in readme.splitlines() if line.startswith(f"| `{opt.name}` | `{opt.env}` |"))
+        last = row.rstrip(" |").rsplit("|", 1)[1].strip()
+        assert last.startswith("yes" if opt.must_match else "no"), (opt.name, last)

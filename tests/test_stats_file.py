@@ -10,7 +10,6 @@ from datetime import timedelta
 
 import pytest
 
-from delaycomm._config import stats_file
 from tests.dist_utils import run_ranks
 
 
@@ -27,50 +26,59 @@ from tests.dist_utils import run_ranks
     ("s{{x}}.json", 0, "0", 1, True, "s{x}.json"),
 ])
 def test_stats_file_names(template, rank, group, world, default, expected):
+    from delaycomm._config import stats_file
+
     assert stats_file(template, rank, group, world, default) == expected
 
 
-def _two_groups(rank, world, stats):
+def _two_groups(rank, world, templates, rdzv):
+    """Per template: a world group and a subgroup, one all_reduce on the world and two on the subgroup, destroy."""
     import torch
     import torch.distributed as dist
 
-    if stats is not None:
+    for i, stats in enumerate(templates):
         os.environ["DELAYCOMM_STATS"] = stats
-    dist.init_process_group("delaycomm", timeout=timedelta(seconds=30))
-    sub = dist.new_group([0, 1], timeout=timedelta(seconds=30))
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    dist.all_reduce(t, group=sub)
-    dist.all_reduce(t, group=sub)
-    dist.destroy_process_group()  # writes every group's file
-    return t.item()
+        dist.init_process_group("delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world,
+                                timeout=timedelta(seconds=30))
+        sub = dist.new_group([0, 1], timeout=timedelta(seconds=30))
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        dist.all_reduce(t, group=sub)
+        dist.all_reduce(t, group=sub)
+        dist.destroy_process_group()  # writes every group's file
+
+
+LAYOUTS = {  # directory -> (template, the files expected in it)
+    "plain": ("{d}/stats.json", ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json",
+                                 "stats.rank1.json"]),
+    "directory": ("{d}/", ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json",
+                           "stats.rank1.json"]),
+    "placeholders": ("{d}/g{{group}}-r{{rank}}.json", ["g0-r0.json", "g0-r1.json", "g1-r0.json", "g1-r1.json"]),
+}
+
+
+@pytest.fixture(scope="module")
+def layouts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("stats")
+    for name in LAYOUTS:
+        (root / name).mkdir()
+    templates = [t.format(d=root / name) for name, (t, _) in LAYOUTS.items()]
+    run_ranks(_two_groups, 2, templates, str(root / "rdzv"), timeout=150)
+    return root
 
 
 @pytest.mark.multiproc
-@pytest.mark.timeout(120)
-def test_every_rank_and_group_writes_its_own_file(tmp_path):
-    # Before: all four wrote tmp/stats.json; one file (the last writer's) was left.
-    run_ranks(_two_groups, 2, str(tmp_path / "stats.json"), timeout=90)
-    files = sorted(p.name for p in tmp_path.iterdir())
-    assert files == ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json", "stats.rank1.json"]
-    for name, group, rank, allreduces in [("stats.rank0.json", "0", 0, 1), ("stats.rank1.json", "0", 1, 1),
-                                          ("stats.group1.rank0.json", "1", 0, 2),
-                                          ("stats.group1.rank1.json", "1", 1, 2)]:
-        data = json.loads((tmp_path / name).read_text())
-        assert (data["group"], data["rank"], data["ops"]["allreduce"]["calls"]) == (group, rank, allreduces), name
-
-
-@pytest.mark.multiproc
-@pytest.mark.timeout(120)
-def test_a_directory_and_placeholders(tmp_path):
-    (tmp_path / "d").mkdir()
-    run_ranks(_two_groups, 2, str(tmp_path / "d") + "/", timeout=90)
-    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == [
-        "stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json", "stats.rank1.json"]
-    (tmp_path / "p").mkdir()
-    run_ranks(_two_groups, 2, str(tmp_path / "p" / "g{group}-r{rank}.json"), timeout=90)
-    assert sorted(p.name for p in (tmp_path / "p").iterdir()) == [
-        "g0-r0.json", "g0-r1.json", "g1-r0.json", "g1-r1.json"]
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_every_rank_and_group_writes_its_own_file(layouts, layout):
+    # Before: all four (2 ranks x 2 groups) wrote one path; the last writer's file was all that was left.
+    d = layouts / layout
+    assert sorted(p.name for p in d.iterdir()) == LAYOUTS[layout][1]
+    for name, (group, rank, calls) in zip(LAYOUTS[layout][1], [("1", 0, 2), ("1", 1, 2), ("0", 0, 1), ("0", 1, 1)]
+                                          if layout != "placeholders" else
+                                          [("0", 0, 1), ("0", 1, 1), ("1", 0, 2), ("1", 1, 2)]):
+        data = json.loads((d / name).read_text())
+        assert (data["group"], data["rank"], data["ops"]["allreduce"]["calls"]) == (group, rank, calls), name
 
 
 def _unwritable(rank, world, cases, rdzv):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -116,17 +117,22 @@ def agree(store: dist.Store, rank: int, size: int, timeout: timedelta, group: st
         ValueError: this rank's ``error``; another rank's rejected options; options that differ across ranks.
         torch.distributed.DistStoreError: a rank did not answer within ``timeout``.
     """
-    if size == 1:
+    if size == 1:  # nothing to compare with
         if error is not None:
             raise error
         return
-    payload: dict[str, Any]
+    payload: dict[str, Any] = {}
+    if error is None:
+        try:
+            options = canonical_options(cfg)  # reads a trace file again: it may have changed since
+        except ValueError as e:
+            error = e
+        else:
+            digest = hashlib.sha256(json.dumps({k: v["key"] for k, v in options.items()}, sort_keys=True).encode())
+            payload = {"options": options, "digest": digest.hexdigest()}
     if error is not None:
         payload = {"error": str(error), "digest": ""}
-    else:
-        options = canonical_options(cfg)
-        digest = hashlib.sha256(json.dumps({k: v["key"] for k, v in options.items()}, sort_keys=True).encode())
-        payload = {"options": options, "digest": digest.hexdigest()}
+    deadline = time.monotonic() + timeout.total_seconds()  # one timeout for the whole exchange
     s = dist.PrefixStore(_PREFIX, store)
     gen = (s.add("arrivals", 1) - 1) // size
     keys = [f"{gen}/{r}" for r in range(size)]
@@ -134,8 +140,10 @@ def agree(store: dist.Store, rank: int, size: int, timeout: timedelta, group: st
 
     def wait(what: list[str], waiting_for: str) -> None:
         try:
-            s.wait(what, timeout)
-        except dist.DistStoreError:
+            s.wait(what, timedelta(seconds=max(deadline - time.monotonic(), 0.001)))
+        except RuntimeError as e:  # TCPStore and HashStore raise DistStoreError, FileStore a RuntimeError
+            if "timeout" not in str(e).lower():
+                raise
             missing = [global_ranks[r] for r in range(size) if not s.check([keys[r]])]
             who = (f"{_ranges(missing)} to publish {'its' if len(missing) == 1 else 'their'} options" if missing
                    else f"the other ranks to {waiting_for}")

@@ -182,7 +182,7 @@ def create_backend(dist_opts, pg_options):
     native = _C.BackendOptions()
     native.timeout = timeout
     native.group_name = group_name
-    _fill_delay_options(native, cfg, rank, timeout, nccl is not None)
+    _fill_delay_options(native, cfg, rank, timeout)
     _fill_stale_options(native, cfg, store)
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
@@ -210,7 +210,7 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 
-def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta, has_nccl: bool) -> None:
+def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta) -> None:
     """Copy the delay options into the native BackendOptions; warn when the tail reaches the group's timeout."""
     native.delay = cfg.delay
     native.delay_fraction = cfg.delay_fraction if cfg.delay != "none" else 0.0
