@@ -304,6 +304,29 @@ def test_numbers_are_refused_or_fit(name, form, number):
     _fits(cfg)
 
 
+_NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
+                    st.integers(min_value=-(2**200), max_value=2**200))
+# option -> how a Python number becomes its keyword value
+NUMERIC_KEYWORDS = [
+    ("delay_fraction", lambda x: x), ("ema_alpha", lambda x: x), ("step_ms", lambda x: x), ("seed", lambda x: x),
+    ("max_pending", lambda x: x), ("nccl_buffsize", lambda x: x), ("delay_ranks", lambda x: [x]),
+    ("slowdown", lambda x: {0: x}), ("slowdown", lambda x: {x: 2.0}),
+]
+
+
+@pytest.mark.parametrize("name, make", NUMERIC_KEYWORDS, ids=[f"{n}{i}" for i, (n, _) in enumerate(NUMERIC_KEYWORDS)])
+@settings(max_examples=120, deadline=None)
+@given(number=_NUMBER)
+def test_keyword_numbers_are_refused_or_fit(name, make, number):
+    value = make(number)
+    try:
+        cfg = resolve(DelayConfig(**{name: value}), env={})
+    except ValueError as e:
+        assert f"for option '{name}' from the keyword {name}= of DelayConfig" in str(e), str(e)
+        return
+    _fits(cfg)
+
+
 def test_cli_shows_effective_config_and_sources():
     env = {**os.environ, "DELAYCOMM_EMA_ALPHA": "0.25"}
     out = subprocess.run([sys.executable, "-m", "delaycomm", "config", "--json"], env=env, capture_output=True,
