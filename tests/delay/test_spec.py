@@ -58,7 +58,8 @@ BAD = [
     ("exp:p99=nanms", r"is not a number with a unit"),
     ("exp:p99=infms", r"is not a number with a unit"),
     ("exp:p99=1e999s", r"value of 'p99' '1e999s' is out of range \(a delay is 0 or from 1ns to 86400s, 24 hours\)"),
-    ("exp:p99=86401s", r"value of 'p99' '86401s' is longer than 86400s \(a delay is 0 or from 1ns to 86400s, 24 hours\)"),
+    ("exp:p99=86401s", r"value of 'p99' '86401s' is longer than 86400s \(a delay is 0 or from 1ns to 86400s, 24 "
+                       r"hours\)"),
     ("const:1e300ms", r"const duration '1e300ms' is longer than 86400s"),
     ("pareto:p50=1ns,p99=1e300s", r"value of 'p99' '1e300s' is longer than 86400s"),
     ("exp:mean=0.5ns", r"value of 'mean' '0.5ns' is shorter than 1ns \(a delay is 0 or from 1ns to 86400s"),
