@@ -335,6 +335,7 @@ def test_cli_shows_effective_config_and_sources():
     assert data["config"]["ema_alpha"] == 0.25
     assert data["sources"]["ema_alpha"] == "environment (DELAYCOMM_EMA_ALPHA)"
     assert data["nccl"]["NCCL_ALGO"]["value"] == "allreduce:tree"
+    assert data["must_match"] == {o.name: o.name != "stats" for o in OPTIONS}
     table = subprocess.run([sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True,
                            timeout=60, check=True).stdout
     assert "ema_alpha" in table and "0.25" in table and "DELAYCOMM_EMA_ALPHA" in table
