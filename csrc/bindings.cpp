@@ -4,6 +4,7 @@
 // into this module (the holder type of c10d classes is c10::intrusive_ptr, declared by torch/csrc/utils/pybind.h).
 
 #include <cmath>
+#include <cstdio>
 #include <optional>
 #include <stdexcept>
 
@@ -119,6 +120,9 @@ py::dict describeSampler(const DelaySampler& s) {
   d["requested_percentiles_s"] = given;
   if (spec.family == DelaySpec::Family::kTrace) {
     d["trace_path"] = spec.tracePath;
+    char digest[24];  // the file's content, for the ranks' agreement on the configuration
+    std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(spec.traceDigest));
+    d["trace_digest"] = std::string(digest);
   }
   if (!spec.isNone()) {
     py::dict q;

@@ -33,7 +33,7 @@ def _surface(rank, world, stats_path):
     rdzv = stats_path.format(rank="rdzv")
     dist.init_process_group("delaycomm", init_method=f"file://{rdzv}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=30),
-                            pg_options=delaycomm.DelayConfig(stats=stats_path.format(rank=rank)))
+                            pg_options=delaycomm.DelayConfig(stats=stats_path))
     t = torch.ones(2)
     dist.all_reduce(t)
     out["after_reinit"] = t.tolist()

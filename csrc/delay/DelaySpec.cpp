@@ -4,18 +4,30 @@
 #include <cctype>
 #include <charconv>
 #include <cmath>
-#include <fstream>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <set>
-#include <sstream>
 #include <stdexcept>
+#include <system_error>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace delaycomm {
 
 const char* const kAcceptedDelaySpecs =
-    "none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms[,p999=2s], "
-    "pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s)";
+    "a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms[,p999=2s], "
+    "pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns "
+    "to 86400s)";
 
 namespace {
+
+constexpr const char* kDurationRange = "a delay is 0 or from 1ns to 86400s, 24 hours";
+constexpr const char* kTraceFormat =
+    "expected one latency per line with a unit (ns, us, ms, s) such as 12.5ms; blank lines and lines starting with "
+    "# are ignored";
 
 std::string_view trim(std::string_view s) {
   while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
@@ -29,32 +41,50 @@ std::string lower(std::string_view s) {
   return out;
 }
 
-// Printable form of user text inside messages (quotes, control characters escaped, long text shortened).
-std::string quoted(std::string_view s) {
-  std::string out = "'";
+// Length of the valid UTF-8 sequence at s[i] (1 for ASCII), or 0 when the bytes there are not UTF-8.
+size_t utf8Length(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  if (c < 0x80) return 1;
   size_t n = 0;
-  for (unsigned char c : s) {
-    if (++n > 80) {
-      out += "...";
-      break;
-    }
-    if (c == '\'' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c < 0x20 || c == 0x7f) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
-      out += buf;
-    } else {
-      out += static_cast<char>(c);
-    }
+  unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte (no overlongs, no surrogates)
+  if (c >= 0xc2 && c <= 0xdf) {
+    n = 2;
+  } else if (c >= 0xe0 && c <= 0xef) {
+    n = 3;
+    if (c == 0xe0) lo = 0xa0;
+    if (c == 0xed) hi = 0x9f;
+  } else if (c >= 0xf0 && c <= 0xf4) {
+    n = 4;
+    if (c == 0xf0) lo = 0x90;
+    if (c == 0xf4) hi = 0x8f;
+  } else {
+    return 0;
   }
-  return out + "'";
+  if (i + n > s.size()) return 0;
+  for (size_t k = 1; k < n; ++k) {
+    const auto b = static_cast<unsigned char>(s[i + k]);
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return 0;
+  }
+  return n;
 }
 
-[[noreturn]] void badSpec(std::string_view text, const std::string& why) {
-  throw std::invalid_argument("delaycomm: invalid delay spec " + quoted(text) + ": " + why + "; accepted: " +
-                              kAcceptedDelaySpecs);
+std::string hexByte(unsigned char c) {
+  char buf[8];
+  std::snprintf(buf, sizeof(buf), "0x%02x", c);
+  return buf;
+}
+
+// Why a trace line is not text (a NUL or control byte, bytes that are not UTF-8), or "".
+std::string notTextError(std::string_view line) {
+  for (size_t i = 0; i < line.size();) {
+    const auto c = static_cast<unsigned char>(line[i]);
+    const size_t n = utf8Length(line, i);
+    if (n == 0 || (c < 0x20 && c != '\t' && c != '\r') || c == 0x7f) {
+      return "is not text: byte " + hexByte(c) + " at column " + std::to_string(i + 1) + " (a binary file?)";
+    }
+    i += n;
+  }
+  return "";
 }
 
 // Why a duration is invalid, or "" when it parses; the value in *seconds.
@@ -71,7 +101,7 @@ std::string durationError(std::string_view raw, double* seconds) {
   }
   double v = 0.0;
   auto [ptr, ec] = std::from_chars(s.data() + numStart, s.data() + s.size(), v, std::chars_format::general);
-  if (ec == std::errc::result_out_of_range) return "is out of range";
+  if (ec == std::errc::result_out_of_range) return std::string("is out of range (") + kDurationRange + ")";
   if (ec != std::errc()) return "is not a number with a unit (expected e.g. 50ms, 1.5s, 800us)";
   std::string_view unit = trim(std::string_view(ptr, s.data() + s.size() - ptr));
   const std::string u = lower(unit);
@@ -89,8 +119,15 @@ std::string durationError(std::string_view raw, double* seconds) {
   } else {
     return "has an unknown unit " + quoted(unit) + " (expected one of ns, us, ms, s)";
   }
-  if (!std::isfinite(v * scale)) return "is not finite";
-  *seconds = v * scale;
+  const double sec = v * scale;
+  // Compared with a relative slack so that 1ns, 1e-9s and 0.001us (products that round) are all accepted.
+  if (!std::isfinite(sec) || sec > kMaxDelaySeconds * (1.0 + 1e-12)) {
+    return std::string("is longer than 86400s (") + kDurationRange + ")";
+  }
+  if (sec > 0.0 && sec < kMinDelaySeconds * (1.0 - 1e-12)) {
+    return std::string("is shorter than 1ns (") + kDurationRange + ")";
+  }
+  *seconds = sec;
   return "";
 }
 
@@ -129,7 +166,62 @@ std::vector<std::string_view> splitArgs(std::string_view s) {
   return out;
 }
 
+[[noreturn]] void badSpec(std::string_view text, const std::string& why) {
+  throw invalidDelaySpec(text, why + "; expected " + kAcceptedDelaySpecs);
+}
+
 }  // namespace
+
+std::string quoted(std::string_view s) {
+  std::string out = "'";
+  size_t chars = 0;
+  for (size_t i = 0; i < s.size();) {
+    if (++chars > 80) {
+      out += "...";
+      break;
+    }
+    const auto c = static_cast<unsigned char>(s[i]);
+    const size_t n = utf8Length(s, i);
+    if (n > 1) {
+      out.append(s.substr(i, n));
+      i += n;
+      continue;
+    }
+    if (c == '\'' || c == '\\') {
+      out += '\\';
+      out += static_cast<char>(c);
+    } else if (n == 0 || c < 0x20 || c == 0x7f) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\x%02x", c);
+      out += buf;
+    } else {
+      out += static_cast<char>(c);
+    }
+    ++i;
+  }
+  return out + "'";
+}
+
+std::invalid_argument invalidDelaySpec(std::string_view text, const std::string& why) {
+  return std::invalid_argument("delaycomm: invalid delay spec " + quoted(text) + ": " + why);
+}
+
+uint64_t traceDigest(const std::vector<double>& sorted) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  auto mix = [&h](uint64_t x) {
+    for (int k = 0; k < 8; ++k) {
+      h ^= (x >> (8 * k)) & 0xffu;
+      h *= 0x100000001b3ull;
+    }
+  };
+  mix(sorted.size());
+  for (double v : sorted) {
+    uint64_t bits = 0;
+    std::memcpy(&bits, &v, sizeof(bits));
+    mix(bits);
+  }
+  return h;
+}
 
 const char* familyName(DelaySpec::Family f) {
   switch (f) {
@@ -152,41 +244,86 @@ double parseDuration(std::string_view text, const std::string& what) {
   return v;
 }
 
-std::vector<double> parseTraceFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    throw std::invalid_argument("delaycomm: trace file " + quoted(path) +
-                                " cannot be opened (expected a readable file of latencies, one per line with a "
-                                "unit, e.g. 12.5ms)");
+namespace {
+
+const char* fileKind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+std::string errnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+
+// Why the trace file at `path` is unusable ("trace file 'PATH' ..."), or "" with its latencies (unsorted) in
+// *values. The file is opened non-blocking (a FIFO without a writer would block open()) and checked with fstat
+// before anything is read; at most kMaxTraceBytes + 1 bytes are read, so a file that grows is refused too.
+std::string traceFileError(const std::string& path, std::vector<double>* values) {
+  const std::string name = "trace file " + quoted(path);
+  if (path.find('\0') != std::string::npos) return name + " has a NUL byte in its path";
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
+    return name + " cannot be opened: " + errnoText(errno) + " (expected a readable regular file)";
   }
-  std::ostringstream buf;
-  buf << in.rdbuf();
-  const std::string data = buf.str();
-  std::vector<double> values;
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return name + " cannot be read: " + errnoText(errno);
+  if (!S_ISREG(st.st_mode)) {
+    return name + " is " + fileKind(st.st_mode) + " (expected a regular file)";
+  }
+  const std::string limit = "the limit of " + std::to_string(kMaxTraceBytes >> 20) + " MiB";
+  if (static_cast<uint64_t>(st.st_size) > kMaxTraceBytes) {
+    return name + " has " + std::to_string(st.st_size) + " bytes, more than " + limit;
+  }
+  std::string data(static_cast<size_t>(st.st_size) + 1, '\0');
+  size_t got = 0;
+  while (got <= kMaxTraceBytes) {
+    if (got == data.size()) data.resize(std::min(kMaxTraceBytes + 1, data.size() * 2));
+    const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return name + " cannot be read: " + errnoText(errno);
+    if (n == 0) break;
+    got += static_cast<size_t>(n);
+  }
+  if (got > kMaxTraceBytes) return name + " has more than " + limit + " (it grew while being read)";
+  data.resize(got);
+
   size_t lineNo = 0;
   size_t pos = 0;
   while (pos < data.size()) {
     size_t end = data.find('\n', pos);
     if (end == std::string::npos) end = data.size();
     ++lineNo;
-    const std::string_view line = trim(std::string_view(data).substr(pos, end - pos));
+    const std::string_view raw = std::string_view(data).substr(pos, end - pos);
     pos = end + 1;
+    const std::string where = name + " line " + std::to_string(lineNo);
+    const std::string notText = notTextError(raw);
+    if (!notText.empty()) return where + " " + notText + "; " + kTraceFormat;
+    const std::string_view line = trim(raw);
     if (line.empty() || line[0] == '#') continue;
     double v = 0.0;
     const std::string why = durationError(line, &v);
-    if (!why.empty()) {
-      throw std::invalid_argument("delaycomm: trace file " + quoted(path) + " line " + std::to_string(lineNo) +
-                                  ": " + quoted(line) + " " + why +
-                                  "; expected one latency per line with a unit (ns, us, ms, s), e.g. 12.5ms; "
-                                  "blank lines and lines starting with # are ignored");
-    }
-    values.push_back(v);
+    if (!why.empty()) return where + ": " + quoted(line) + " " + why + "; " + kTraceFormat;
+    values->push_back(v);
   }
-  if (values.empty()) {
-    throw std::invalid_argument("delaycomm: trace file " + quoted(path) +
-                                " has no latencies (expected at least one line such as 12.5ms; blank lines and "
-                                "lines starting with # are ignored)");
+  if (values->empty()) {
+    return name + " has no latencies (expected at least one line such as 12.5ms; blank lines and lines starting "
+                  "with # are ignored)";
   }
+  return "";
+}
+
+}  // namespace
+
+std::vector<double> parseTraceFile(const std::string& path) {
+  std::vector<double> values;
+  const std::string why = traceFileError(path, &values);
+  if (!why.empty()) throw std::invalid_argument("delaycomm: " + why);
   std::sort(values.begin(), values.end());
   return values;
 }
@@ -210,7 +347,12 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
     if (args.empty()) badSpec(rawText, "trace needs a file path (trace:FILE)");
     spec.family = DelaySpec::Family::kTrace;
     spec.tracePath = std::string(args);
-    spec.trace = std::make_shared<const std::vector<double>>(parseTraceFile(spec.tracePath));
+    std::vector<double> values;
+    const std::string why = traceFileError(spec.tracePath, &values);
+    if (!why.empty()) throw invalidDelaySpec(rawText, why);
+    std::sort(values.begin(), values.end());
+    spec.traceDigest = traceDigest(values);
+    spec.trace = std::make_shared<const std::vector<double>>(std::move(values));
     return spec;
   }
   if (family == "const") {

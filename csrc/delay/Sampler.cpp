@@ -169,8 +169,8 @@ void DelaySampler::solve() {
   if (logn) {
     ok = solveShift(t, x, 0.0, &c_);
     if (!ok) {
-      throw std::invalid_argument(
-          "delaycomm: invalid delay spec '" + spec_.text + "': no lognormal with a shift >= 0 has " +
+      throw invalidDelaySpec(
+          spec_.text, "no lognormal with a shift >= 0 has " +
           fmtKey(p[2].q) + "=" + fmtSeconds(x[2]) + " through " + where + ": a shift only makes the tail heavier, "
           "so " + fmtKey(p[2].q) + " must be at least " + fmtSeconds(ref) +
           " (the plain lognormal's); give a larger value, drop it, or use pareto");
@@ -185,8 +185,8 @@ void DelaySampler::solve() {
     a_ = std::log(x[0] - c_) - b_ * t[0];
   }
   if (!logn && (!ok || c_ + std::exp(a_) < 0.0)) {
-    throw std::invalid_argument(
-        "delaycomm: invalid delay spec '" + spec_.text + "': no generalised Pareto with a location >= 0 has " +
+    throw invalidDelaySpec(
+        spec_.text, "no generalised Pareto with a location >= 0 has " +
         fmtKey(p[2].q) + "=" + fmtSeconds(x[2]) + " through " + where + " (the Pareto I through those two has " +
         fmtKey(p[2].q) + "=" + fmtSeconds(ref) + "; a lighter tail than an exponential's is out of reach); "
         "give a larger value, drop it, or use lognormal");

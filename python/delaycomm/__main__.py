@@ -10,9 +10,11 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from delaycomm._config import OPTIONS, format_value
 
-    epilog = "options (keyword / environment variable / default):\n" + "\n".join(
-        f"  {o.name:<15} {o.env:<26} {str(o.default):<16} {o.help}" for o in OPTIONS
-    )
+    epilog = "options (keyword / environment variable / default / same on every rank):\n" + "\n".join(
+        f"  {o.name:<15} {o.env:<26} {str(o.default):<16} {'yes' if o.must_match else 'no':<4} {o.help}"
+        for o in OPTIONS
+    ) + ("\n\nOptions marked 'yes' must have one value on every rank of a group: a difference is an error on every "
+         "rank when the group is created.")
     parser = argparse.ArgumentParser(
         prog="python -m delaycomm", description="delaycomm command line",
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -32,13 +34,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     nccl = delaycomm.nccl_settings()
     if args.json:
-        print(json.dumps({"config": cfg.as_dict(), "sources": cfg.sources, "nccl": nccl}, indent=2))
+        print(json.dumps({"config": cfg.as_dict(), "sources": cfg.sources,
+                          "must_match": {o.name: o.must_match for o in OPTIONS}, "nccl": nccl}, indent=2))
         return 0
     print(f"# delaycomm {delaycomm.__version__} (CUDA sources compiled: {delaycomm._C.cuda_compiled})")
-    print(f"# {'option':<15} {'value':<28} source")
+    print(f"# {'option':<15} {'value':<28} {'source':<36} same on every rank")
     for o in OPTIONS:
         v = format_value(o.name, cfg.values[o.name])
-        print(f"  {o.name:<15} {str(v):<28} {cfg.sources[o.name]}")
+        print(f"  {o.name:<15} {str(v):<28} {cfg.sources[o.name]:<36} {'yes' if o.must_match else 'no'}")
     for var in ("NCCL_ALGO", "NCCL_BUFFSIZE"):
         print(f"  {var:<15} {str(nccl[var]['value']):<28} {nccl[var]['source']}")
     print(f"  {'nccl_version':<15} {str(nccl['nccl_version']):<28}")

@@ -7,7 +7,6 @@ import logging
 import os
 import threading
 import warnings
-import warnings
 import weakref
 from datetime import timedelta
 from typing import Any
@@ -16,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 from delaycomm import _C
-from delaycomm._config import EffectiveConfig, resolve
+from delaycomm._agree import agree
+from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve, stats_file
 
 logger = logging.getLogger("delaycomm")
 
@@ -143,6 +143,10 @@ def _make_nccl(store, rank: int, size: int, timeout: timedelta, dist_opts, cfg: 
 def create_backend(dist_opts, pg_options):
     """The creator registered for ``backend="delaycomm"`` (extended API).
 
+    Every rank of the group checks its options, then the ranks agree through the group's store that the options
+    which must match do (delaycomm._agree) before any inner group exists: a bad value on one rank, or options
+    that differ, raise on every rank.
+
     Args:
         dist_opts: torch's ``_DistributedBackendOptions`` (store, group_rank, group_size, timeout, group_id).
         pg_options: a :class:`delaycomm.DelayConfig` or None.
@@ -151,17 +155,26 @@ def create_backend(dist_opts, pg_options):
         The native ``DelayBackend``.
 
     Raises:
-        ValueError: a bad option (named, with its variable and what is accepted).
+        ValueError: a bad option (named, with where it came from and what is accepted), on this rank or another;
+            options that must match and differ across ranks (each named, with each rank's value).
+        torch.distributed.DistStoreError: a rank of the group did not answer within the group's timeout.
     """
     if isinstance(pg_options, torch._C._distributed_c10d.Backend.Options):
         # torch may hand a group a copy of its parent's c10d Options: keep the process-wide config then.
         # Anything else that is not a DelayConfig is refused by resolve(), with the one message for it.
         pg_options = None
-    cfg = resolve(pg_options)
     store = dist_opts.store
     rank, size, timeout = dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
     group_name = str(dist_opts.group_id)
-    _check_group_config(cfg, rank, size)
+    has_nccl = torch.cuda.is_available() and dist.is_nccl_available()
+    cfg, stats_path, error = None, None, None
+    try:
+        cfg = resolve(pg_options)
+        _check_group_config(cfg, rank, size, has_nccl)
+        stats_path = stats_target(cfg, dist_opts)
+    except ValueError as e:
+        error = e
+    agree(store, rank, size, timeout, group_name, _global_ranks(dist_opts), cfg, error)
 
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("delaycomm/gloo/", store), rank, size, timeout)
     nccl = _make_nccl(store, rank, size, timeout, dist_opts, cfg)
@@ -169,7 +182,7 @@ def create_backend(dist_opts, pg_options):
     native = _C.BackendOptions()
     native.timeout = timeout
     native.group_name = group_name
-    _fill_delay_options(native, cfg, rank, timeout, nccl is not None)
+    _fill_delay_options(native, cfg, rank, timeout)
     _fill_stale_options(native, cfg, store)
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
@@ -177,7 +190,7 @@ def create_backend(dist_opts, pg_options):
     with _lock:
         _groups[group_name] = (backend, cfg)
     backend_ref = weakref.ref(backend)  # the hook must not keep its own backend alive
-    backend._set_shutdown_hook(lambda: _on_shutdown(group_name, cfg, backend_ref()))
+    backend._set_shutdown_hook(lambda: _on_shutdown(group_name, stats_path, backend_ref()))
     logger.info(
         "delaycomm: group %r rank %d/%d: %s", group_name, rank, size,
         ", ".join(f"{k}={v!r} ({cfg.sources[k]})" for k, v in cfg.values.items()),
@@ -197,7 +210,7 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 
-def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta, has_nccl: bool) -> None:
+def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta) -> None:
     """Copy the delay options into the native BackendOptions; warn when the tail reaches the group's timeout."""
     native.delay = cfg.delay
     native.delay_fraction = cfg.delay_fraction if cfg.delay != "none" else 0.0
@@ -208,11 +221,6 @@ def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timede
     native.slowdown = dict(cfg.slowdown).get(rank, 1.0)
     if cfg.delay == "none" or native.delay_fraction == 0.0:
         return
-    if has_nccl and cfg.delay_where == "network" and not _C.cuda_compiled:
-        raise ValueError(
-            "delaycomm: invalid value 'network' for option 'delay_where' (environment variable DELAYCOMM_DELAY_WHERE): "
-            "network delay of GPU collectives needs the CUDA sleep kernel and this build of delaycomm has no CUDA "
-            "sources; expected 'host', or a delaycomm built with nvcc")
     p9999 = _C.DelaySampler(cfg.delay).quantile(0.9999)
     if p9999 > timeout.total_seconds():
         warnings.warn(
@@ -222,30 +230,70 @@ def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timede
             RuntimeWarning, stacklevel=3)
 
 
-def _check_group_config(cfg: EffectiveConfig, rank: int, size: int) -> None:
+def _check_group_config(cfg: EffectiveConfig, rank: int, size: int, has_nccl: bool) -> None:
     """Checks that need the group (rank numbers) and options whose engines are not in this build."""
     if cfg.delay_ranks is not None:
         bad = [r for r in cfg.delay_ranks if r >= size]
         if bad:
-            raise ValueError(
-                f"delaycomm: invalid value {list(cfg.delay_ranks)!r} for option 'delay_ranks' (environment variable "
-                f"DELAYCOMM_DELAY_RANKS): ranks {bad} do not exist in a group of {size}; expected ranks in [0, {size})"
-            )
-    for r, _ in cfg.slowdown:
-        if r >= size:
-            raise ValueError(
-                f"delaycomm: invalid value for option 'slowdown' (environment variable DELAYCOMM_SLOWDOWN): rank {r} "
-                f"does not exist in a group of {size}; expected ranks in [0, {size})"
-            )
+            raise invalid_value("delay_ranks", list(cfg.delay_ranks), cfg.origins["delay_ranks"],
+                                f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group "
+                                f"of {size}; expected ranks in [0, {size})")
+    bad = [r for r, _ in cfg.slowdown if r >= size]
+    if bad:
+        raise invalid_value("slowdown", format_value("slowdown", cfg.slowdown), cfg.origins["slowdown"],
+                            f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group of "
+                            f"{size}; expected ranks in [0, {size})")
+    if has_nccl and cfg.delay != "none" and cfg.delay_fraction > 0 and cfg.delay_where == "network" \
+            and not _C.cuda_compiled:
+        raise invalid_value("delay_where", "network", cfg.origins["delay_where"],
+                            "network delay of GPU collectives needs the CUDA sleep kernel and this build of "
+                            "delaycomm has no CUDA sources; expected 'host', or a delaycomm built with nvcc")
 
 
-def _on_shutdown(group_name: str, cfg: EffectiveConfig, backend) -> None:
+def _global_ranks(dist_opts) -> list[int]:
+    """The global rank of each rank of the group being created (torch passes none for the default group)."""
+    ranks = list(getattr(dist_opts, "global_ranks_in_group", None) or [])
+    return ranks if ranks else list(range(dist_opts.group_size))
+
+
+def stats_target(cfg: EffectiveConfig, dist_opts) -> str | None:
+    """This rank's stats file for the group being created, checked writable now (README "Stats files").
+
+    Raises:
+        ValueError: the file's directory does not exist, the path is not a regular file, or it cannot be written.
+    """
+    if cfg.stats is None:
+        return None
+    default_group = not list(getattr(dist_opts, "global_ranks_in_group", None) or [])
+    rank = _global_ranks(dist_opts)[dist_opts.group_rank]
+    world = dist_opts.group_size if default_group else dist.get_world_size()
+    path = stats_file(cfg.stats, rank, str(dist_opts.group_id), world, default_group)
+    where = f"the file of rank {rank} in group {str(dist_opts.group_id)!r}, {path!r},"
+
+    def bad(why: str) -> ValueError:
+        return invalid_value("stats", cfg.stats, cfg.origins["stats"], f"{where} {why}; expected a writable path")
+
+    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
+        raise bad("is in a directory that does not exist")
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise bad("exists and is not a regular file")
+    probe = f"{path}.tmp{os.getpid()}"  # the name _write_stats writes first
+    try:
+        with open(probe, "x"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        raise bad(f"cannot be written ({e.strerror})") from None
+    return path
+
+
+def _on_shutdown(group_name: str, stats_path: str | None, backend) -> None:
     with _lock:
         entry = _groups.get(group_name)
         if entry is not None and entry[0] is backend:
             del _groups[group_name]
-    if backend is not None and cfg.stats is not None:
-        _write_stats(cfg.stats, group_name, backend)
+    if backend is not None and stats_path is not None:
+        _write_stats(stats_path, group_name, backend)
 
 
 def _write_stats(path: str, group_name: str, backend) -> None:

@@ -1,7 +1,10 @@
 """Options of the delaycomm backend: one table, three sources (keyword > environment > default), strict checks.
 
 Every option is a keyword of :class:`DelayConfig` and an environment variable ``DELAYCOMM_<NAME>``. A bad value
-raises :class:`ValueError` naming the option, its variable, the value and what is accepted.
+raises :class:`ValueError` in one format: the value, the option, where the value came from, what is accepted
+(``delaycomm: invalid value '2' for option 'ema_alpha' from the environment variable DELAYCOMM_EMA_ALPHA: expected
+a number in (0, 1]``). This module is the one place where user values are checked; numbers are bounded so that
+every accepted value fits the native type it becomes (docs/config.md names each bound and why).
 """
 
 from __future__ import annotations
@@ -10,11 +13,13 @@ import dataclasses
 import math
 import os
 import re
+import string
 import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "OPTIONS", "DELAYABLE_OPS"]
+__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "OPTIONS",
+           "DELAYABLE_OPS"]
 
 ENV_PREFIX = "DELAYCOMM_"
 
@@ -40,24 +45,42 @@ _NCCL_ALGO_OPS = {"allreduce", "broadcast", "reduce", "allgather", "reducescatte
 
 
 class _Invalid(Exception):
-    """Raised by a parser with the text 'expected ...' (what is accepted); wrapped into ValueError."""
+    """Raised by a parser: what is accepted and, optionally, what is wrong first; wrapped into ValueError."""
+
+    def __init__(self, accepted: str | None, cause: str = "") -> None:
+        self.why = "; ".join(p for p in (cause, f"expected {accepted}" if accepted else "") if p)
+        super().__init__(self.why)
 
 
 # ------------------------------------------------------------------------------------------------------------------
-# Parsers: value (str from the environment, or the keyword's type) -> canonical value, or _Invalid("expected ...").
+# Bounds (docs/config.md): each keeps an accepted value inside the native type it becomes, with room for the
+# arithmetic done on it (a step times the ssp bound in int64 nanoseconds, a slowdown factor times a gap).
+
+MAX_RANK = 2**31 - 1  # c10d ranks are C ints
+MAX_SLOWDOWN = 1000.0  # extra sleep = gap * (K - 1) in int64 ns: fits for any gap below 106 days
+MAX_SSP_BOUND = 10_000  # bound * step (<= 24 h) stays below 2^63 ns
+MIN_STEP_MS, MAX_STEP_MS = 1e-3, 86_400_000.0  # 1 us (a step is counted in whole ns) to 24 h
+MAX_NCCL_BUFFSIZE = 1 << 30  # NCCL keeps NCCL_BUFFSIZE in a C int
 
 
-def _parse_float(lo: float, hi: float, lo_open: bool, hi_open: bool) -> Callable[[Any], float]:
+# ------------------------------------------------------------------------------------------------------------------
+# Parsers: value (str from the environment, or the keyword's type) -> canonical value, or _Invalid.
+
+
+def _parse_float(lo: float, hi: float, lo_open: bool, hi_open: bool, accepted: str | None = None
+                 ) -> Callable[[Any], float]:
     lb = "(" if lo_open else "["
     rb = ")" if hi_open else "]"
-    accepted = f"a number in {lb}{lo:g}, {hi:g}{rb}"
+    accepted = accepted or f"a number in {lb}{lo:g}, {hi:g}{rb}"
 
     def parse(v: Any) -> float:
         if isinstance(v, bool):
             raise _Invalid(accepted)
+        if isinstance(v, str) and not re.fullmatch(r"\s*[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?\s*", v, re.IGNORECASE):
+            raise _Invalid(accepted)  # no 'nan', 'inf', '0x..', '1_000'
         try:
             x = float(v)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             raise _Invalid(accepted) from None
         if math.isnan(x) or x < lo or x > hi or (lo_open and x == lo) or (hi_open and x == hi):
             raise _Invalid(accepted)
@@ -66,59 +89,74 @@ def _parse_float(lo: float, hi: float, lo_open: bool, hi_open: bool) -> Callable
     return parse
 
 
-def _parse_int(lo: int, hi: int | None, accepted: str) -> Callable[[Any], int]:
+def _parse_int(lo: int, hi: int, accepted: str) -> Callable[[Any], int]:
     def parse(v: Any) -> int:
         if isinstance(v, bool):
             raise _Invalid(accepted)
         if isinstance(v, int):
             x = v
-        elif isinstance(v, str) and re.fullmatch(r"\s*[+]?\d+\s*", v):
+        elif isinstance(v, str) and re.fullmatch(r"\s*[+]?\d{1,30}\s*", v):
             x = int(v)
         else:
             raise _Invalid(accepted)
-        if x < lo or (hi is not None and x > hi):
+        if x < lo or x > hi:
             raise _Invalid(accepted)
         return x
 
     return parse
 
 
+def _rank(v: Any, accepted: str) -> int:
+    """One rank number: an int (or digits) in [0, MAX_RANK]."""
+    if isinstance(v, str) and re.fullmatch(r"\s*\d{1,30}\s*", v):
+        v = int(v)
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= MAX_RANK:
+        raise _Invalid(accepted)
+    return v
+
+
 def _parse_delay(v: Any) -> str:
-    if not isinstance(v, str):
-        raise _Invalid("a delay spec string such as 'exp:p99=400ms' (see `python -m delaycomm config --help`)")
-    text = v.strip()
-    if text.lower() in ("", "none", "off", "0"):
-        return "none"
     from delaycomm import _C
 
+    accepted = "a delay spec such as 'exp:p99=400ms' or 'none' (see `python -m delaycomm config --help`)"
+    if not isinstance(v, str):
+        raise _Invalid(accepted)
+    text = v.strip()
+    if text.lower() in ("none", "off", "0"):
+        return "none"
     try:
         _C.parse_delay_spec(text)
     except ValueError as e:
-        raise _Invalid(str(e)) from None
+        raise _Invalid(None, delay_spec_error(str(e))) from None
     return text
 
 
+def delay_spec_error(message: str) -> str:
+    """What is wrong with a delay spec, from the native parser's message (its 'invalid delay spec ...' prefix off).
+
+    The native message has one form, "delaycomm: invalid delay spec 'TEXT': WHY" (csrc/delay/DelaySpec.hpp); the
+    caller names the option (or argument) and the value itself.
+    """
+    m = re.match(r"delaycomm: invalid delay spec '(?:[^'\\]|\\.)*': (.*)\Z", message, re.DOTALL)
+    return m.group(1) if m else message.removeprefix("delaycomm: ")
+
+
 def _parse_ranks(v: Any) -> tuple[int, ...] | None:
-    accepted = "'all' or a list of ranks such as '0' or '0,3'"
+    accepted = f"'all' or a list of ranks in [0, {MAX_RANK}] such as '0' or '0,3'"
     if isinstance(v, str):
         s = v.strip().lower()
         if s == "all":
             return None
-        parts = [p.strip() for p in s.split(",")]
-        if not parts or any(not re.fullmatch(r"\d+", p) for p in parts):
-            raise _Invalid(accepted)
-        ranks = [int(p) for p in parts]
+        items: list[Any] = [p.strip() for p in s.split(",")]
     elif isinstance(v, int) and not isinstance(v, bool):
-        ranks = [v]
+        items = [v]
     elif isinstance(v, Iterable):
-        ranks = list(v)
-        if not ranks or any(not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ranks):
-            raise _Invalid(accepted)
+        items = list(v)
     else:
         raise _Invalid(accepted)
-    if any(r < 0 for r in ranks):
+    if not items:
         raise _Invalid(accepted)
-    return tuple(sorted(set(ranks)))
+    return tuple(sorted({_rank(r, accepted) for r in items}))  # a repeated rank means the same: no conflict
 
 
 def _parse_ops(v: Any) -> tuple[str, ...] | None:
@@ -157,57 +195,52 @@ def _parse_choice(*choices: str) -> Callable[[Any], str]:
 
 
 def _parse_slowdown(v: Any) -> tuple[tuple[int, float], ...]:
-    accepted = "'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (factor >= 1)"
+    accepted = (f"'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (each rank once, a factor in "
+                f"[1, {MAX_SLOWDOWN:g}])")
+    factor_of = _parse_float(1.0, MAX_SLOWDOWN, False, False, accepted)
     if isinstance(v, Mapping):
         items = list(v.items())
     elif isinstance(v, str):
         s = v.strip().lower()
-        if s in ("", "none"):
+        if s == "none":
             return ()
         items = []
         for part in s.split(","):
-            m = re.fullmatch(r"\s*(\d+)\s*:\s*([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*x?\s*", part)
+            m = re.fullmatch(r"\s*(\d+)\s*:\s*([^x\s]+)\s*x?\s*", part)
             if not m:
                 raise _Invalid(accepted)
-            items.append((int(m.group(1)), float(m.group(2))))
+            items.append((m.group(1), m.group(2)))
     else:
         raise _Invalid(accepted)
-    out = {}
+    out: dict[int, float] = {}
     for rank, factor in items:
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 0:
-            raise _Invalid(accepted)
-        try:
-            factor = float(factor)
-        except (TypeError, ValueError):
-            raise _Invalid(accepted) from None
-        if not math.isfinite(factor) or factor < 1.0:
-            raise _Invalid(accepted)
-        out[rank] = factor
+        r = _rank(rank, accepted)
+        if r in out:
+            raise _Invalid(accepted, f"rank {r} is given twice")
+        out[r] = factor_of(factor)
     return tuple(sorted(out.items()))
 
 
 def _parse_staleness(v: Any) -> str:
-    accepted = "'bsp', 'ssp:S' with an integer S >= 0, or 'asp'"
+    accepted = f"'bsp', 'ssp:S' with an integer S in [0, {MAX_SSP_BOUND}], or 'asp'"
     if not isinstance(v, str):
         raise _Invalid(accepted)
     s = v.strip().lower()
     if s in ("bsp", "asp"):
         return s
-    m = re.fullmatch(r"ssp:(\d+)", s)
-    if not m:
+    m = re.fullmatch(r"ssp\s*:\s*(\d{1,30})", s)
+    if not m or int(m.group(1)) > MAX_SSP_BOUND:
         raise _Invalid(accepted)
     bound = int(m.group(1))
     return "bsp" if bound == 0 else f"ssp:{bound}"
 
 
 def _parse_step_ms(v: Any) -> float | None:
-    accepted = "'auto' (calibrated at init) or a number of milliseconds > 0"
+    accepted = (f"'auto' (calibrated at init) or a number of milliseconds in [{MIN_STEP_MS:g}, {MAX_STEP_MS:.0f}] "
+                "(1 us to 24 h)")
     if isinstance(v, str) and v.strip().lower() == "auto":
         return None
-    try:
-        return _parse_float(0.0, math.inf, True, True)(v)
-    except _Invalid:
-        raise _Invalid(accepted) from None
+    return _parse_float(MIN_STEP_MS, MAX_STEP_MS, False, False, accepted)(v)
 
 
 def _parse_nccl_algo(v: Any) -> str:
@@ -240,46 +273,86 @@ _SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1 << 20, "mib": 1 << 
 
 
 def _parse_bytes(v: Any) -> int:
-    accepted = "a positive number of bytes, optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB'"
+    accepted = ("a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
+                "(NCCL keeps it in a C int)")
     if isinstance(v, bool):
         raise _Invalid(accepted)
     if isinstance(v, int):
         n = v
     elif isinstance(v, str):
-        m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", v)
+        m = re.fullmatch(r"\s*(\d{1,30})\s*([a-zA-Z]*)\s*", v)
         if not m or m.group(2).lower() not in _SIZE_UNITS:
             raise _Invalid(accepted)
         n = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
     else:
         raise _Invalid(accepted)
-    if n <= 0 or n > (1 << 40):
+    if n <= 0 or n > MAX_NCCL_BUFFSIZE:
         raise _Invalid(accepted)
     return n
 
 
-def _parse_path(v: Any) -> str | None:
-    accepted = "'none' or a path to a JSON file in an existing directory"
+STATS_FIELDS = ("rank", "group")
+_STATS_ACCEPTED = ("'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
+                   "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')")
+
+
+def _parse_stats(v: Any) -> str | None:
+    """The stats path template; checked for its form here, for writability when a group is created."""
     if isinstance(v, os.PathLike):
         v = os.fspath(v)
     if not isinstance(v, str):
-        raise _Invalid(accepted)
+        raise _Invalid(_STATS_ACCEPTED)
     s = v.strip()
-    if s.lower() in ("", "none"):
+    if s.lower() == "none":
         return None
-    parent = os.path.dirname(os.path.abspath(s)) or "."
-    if not os.path.isdir(parent) or os.path.isdir(s):
-        raise _Invalid(accepted)
+    try:
+        parts = list(string.Formatter().parse(s))
+    except ValueError:
+        raise _Invalid(_STATS_ACCEPTED, "unbalanced braces (write {{ and }} for literal ones)") from None
+    for _, field, spec, conv in parts:
+        if field is not None and (field not in STATS_FIELDS or spec or conv):
+            raise _Invalid(_STATS_ACCEPTED, f"unknown placeholder {{{field}{'!' + conv if conv else ''}"
+                                            f"{':' + spec if spec else ''}}}")
+    # A directory, or the directory of a file, that has no placeholder must exist now; the rest (placeholders
+    # filled, writable) is checked when a group is created (_backend.stats_target).
+    if os.path.isdir(s) or s.endswith(os.sep):
+        if "{" not in s and not os.path.isdir(s):
+            raise _Invalid(_STATS_ACCEPTED, f"the directory {s!r} does not exist")
+        return s
+    if "{" not in os.path.dirname(s):
+        directory = os.path.dirname(os.path.abspath(s))
+        if not os.path.isdir(directory):
+            raise _Invalid(_STATS_ACCEPTED, f"the directory {directory!r} does not exist")
     return s
+
+
+def stats_file(template: str, rank: int, group: str, world_size: int, default_group: bool) -> str:
+    """The stats file of (rank, group) for a ``stats`` template (docs/config.md, README "Stats files").
+
+    A directory D stands for ``D/stats.json``. ``{rank}`` is the global rank and ``{group}`` the group's name;
+    where a template lacks one, it is added before the extension: ``.group{G}`` for groups other than the default
+    one, ``.rank{R}`` in jobs of more than one rank. So no two ranks or groups of a job write the same file.
+    """
+    if template.endswith(os.sep) or os.path.isdir(template):
+        template = os.path.join(template, "stats.json")
+    root, ext = os.path.splitext(template)
+    if "{group}" not in template and not default_group:
+        root += ".group{group}"
+    if "{rank}" not in template and world_size > 1:
+        root += ".rank{rank}"
+    return (root + ext).format(rank=rank, group=group)
 
 
 @dataclasses.dataclass(frozen=True)
 class Option:
-    """One option: its name, parser, default (a raw value, parsed like any other) and description."""
+    """One option: its name, parser, default (a raw value, parsed like any other), description, and whether every
+    rank of a group must give it the same value (checked when the group is created; docs/config.md)."""
 
     name: str
     parse: Callable[[Any], Any]
     default: Any
     help: str
+    must_match: bool = True
 
     @property
     def env(self) -> str:
@@ -296,10 +369,11 @@ OPTIONS: tuple[Option, ...] = (
     Option("delay_ops", _parse_ops, "all", "collectives that are delayed: all, or a list such as allreduce,broadcast"),
     Option("delay_where", _parse_choice("network", "host"), "network",
            "network: the op's completion is delayed (the caller goes on); host: the calling thread blocks"),
-    Option("slowdown", _parse_slowdown, "none", "per-rank compute slowdown such as 0:4x (rank 0 runs 4x slower)"),
+    Option("slowdown", _parse_slowdown, "none",
+           f"per-rank compute slowdown such as 0:4x (rank 0 runs 4x slower), factor in [1, {MAX_SLOWDOWN:g}]"),
     Option("seed", _parse_int(0, 2**63 - 1, "an integer in [0, 2^63)"), 0,
            "seed of the delay schedule (a pure function of seed, rank and op sequence)"),
-    Option("staleness", _parse_staleness, "bsp", "consistency: bsp, ssp:S, asp"),
+    Option("staleness", _parse_staleness, "bsp", f"consistency: bsp, ssp:S (S <= {MAX_SSP_BOUND}), asp"),
     Option("stale_policy", _parse_choice("ema", "apply", "drop"), "ema", "what a late contribution does: ema, apply, drop"),
     Option("ema_alpha", _parse_float(0.0, 1.0, True, False), 0.1, "blend weight of stale contributions, in (0, 1]"),
     Option("step_ms", _parse_step_ms, "auto", "nominal step time that turns a delay into steps of staleness"),
@@ -307,23 +381,39 @@ OPTIONS: tuple[Option, ...] = (
            "under asp: most deferred contributions per key before an error"),
     Option("nccl_algo", _parse_nccl_algo, "allreduce:tree", "NCCL_ALGO to set before NCCL starts; auto leaves it alone"),
     Option("nccl_buffsize", _parse_bytes, 2097152, "NCCL_BUFFSIZE in bytes to set before NCCL starts"),
-    Option("stats", _parse_path, "none", "path: write the group's stats as JSON when it is destroyed"),
+    Option("stats", _parse_stats, "none",
+           "where each rank writes its groups' stats as JSON when they are destroyed: a file ({rank}, {group}) or "
+           "a directory", must_match=False),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
-def _invalid(opt: Option, value: Any, source: str, why: str) -> ValueError:
-    return ValueError(
-        f"delaycomm: invalid value {value!r} for option '{opt.name}' (environment variable {opt.env}) "
-        f"from {source}: expected {why}"
-    )
+def _invalid(opt: Option, value: Any, origin: str, why: str) -> ValueError:
+    """The one format of a bad value: the value, the option, where the value came from, what is wrong/accepted."""
+    return ValueError(f"delaycomm: invalid value {value!r} for option '{opt.name}' from {origin}: {why}")
 
 
-def _parse_option(opt: Option, value: Any, source: str) -> Any:
+def invalid_value(name: str, value: Any, origin: str, why: str) -> ValueError:
+    """The ValueError for a bad value of option ``name`` found after resolution (e.g. once the group is known)."""
+    return _invalid(_BY_NAME[name], value, origin, why)
+
+
+def env_origin(opt: Option) -> str:
+    return f"the environment variable {opt.env}"
+
+
+def _keyword_origin(opt: Option, call: str) -> str:
+    return f"the keyword {opt.name}= of {call}"
+
+
+def _parse_option(opt: Option, value: Any, origin: str) -> Any:
+    if isinstance(value, (str, os.PathLike)) and not os.fspath(value).strip():
+        # An empty value is a mistake for every option (leaving it unset is how to ask for the default).
+        raise _invalid(opt, value, origin, "the value is empty (leave the option unset for its default)")
     try:
         return opt.parse(value)
     except _Invalid as e:
-        raise _invalid(opt, value, source, str(e)) from None
+        raise _invalid(opt, value, origin, e.why) from None
 
 
 class DelayConfig:
@@ -341,17 +431,23 @@ class DelayConfig:
     """
 
     def __init__(self, **options: Any) -> None:
+        self._given: dict[str, Any] = {}
+        self._origins: dict[str, str] = {}  # name -> where the value came from, for messages
+        self._set(options, "DelayConfig")
+
+    def _set(self, options: Mapping[str, Any], call: str) -> None:
         unknown = sorted(set(options) - set(_BY_NAME))
         if unknown:
             raise ValueError(
-                f"delaycomm: unknown option(s) {', '.join(unknown)}; accepted: {', '.join(_BY_NAME)}"
+                f"delaycomm: unknown option(s) {', '.join(unknown)} given to {call}; accepted: {', '.join(_BY_NAME)}"
             )
-        self._given = {}
         for name, value in options.items():
             if value is None:
                 continue
-            _parse_option(_BY_NAME[name], value, "a keyword")
+            origin = _keyword_origin(_BY_NAME[name], call)
+            _parse_option(_BY_NAME[name], value, origin)
             self._given[name] = value
+            self._origins[name] = origin
 
     @property
     def given(self) -> dict[str, Any]:
@@ -362,6 +458,7 @@ class DelayConfig:
         """A config with ``other``'s keywords on top of this one's."""
         out = DelayConfig()
         out._given = {**self._given, **(other._given if other else {})}
+        out._origins = {**self._origins, **(other._origins if other else {})}
         return out
 
     def __repr__(self) -> str:
@@ -374,10 +471,15 @@ class DelayConfig:
 
 @dataclasses.dataclass(frozen=True)
 class EffectiveConfig:
-    """The resolved options of one process group, with where each value came from."""
+    """The resolved options of one process group, with where each value came from.
+
+    ``sources`` says it briefly ("keyword", "environment (DELAYCOMM_SEED)", "default"); ``origins`` in the words of
+    error messages ("the environment variable DELAYCOMM_SEED").
+    """
 
     values: dict[str, Any]
     sources: dict[str, str]
+    origins: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __getattr__(self, name: str) -> Any:
         try:
@@ -407,7 +509,8 @@ def configure(**options: Any) -> None:
         ValueError: as :class:`DelayConfig`.
     """
     global _process_config
-    cfg = DelayConfig(**options)
+    cfg = DelayConfig()
+    cfg._set(options, "delaycomm.configure()")
     with _process_lock:
         _process_config = cfg if options else DelayConfig()
 
@@ -423,8 +526,8 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
         The effective config.
 
     Raises:
-        ValueError: a bad value, naming the option, its variable, the value and what is accepted; also an
-            unknown ``DELAYCOMM_*`` variable (a typo would otherwise be ignored silently).
+        ValueError: a bad value, naming the value, the option, where the value came from and what is accepted;
+            also an unknown ``DELAYCOMM_*`` variable (a typo would otherwise be ignored silently).
     """
     env = os.environ if env is None else env
     if config is not None and not isinstance(config, DelayConfig):
@@ -442,21 +545,23 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
         )
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    origins: dict[str, str] = {}
     for opt in OPTIONS:
         if opt.name in merged.given:
-            source = "keyword"
-            values[opt.name] = _parse_option(opt, merged.given[opt.name], "a keyword")
+            sources[opt.name] = "keyword"
+            origins[opt.name] = merged._origins[opt.name]
+            values[opt.name] = _parse_option(opt, merged.given[opt.name], origins[opt.name])
         elif opt.env in env:
-            source = f"environment ({opt.env})"
-            values[opt.name] = _parse_option(opt, env[opt.env], f"the environment ({opt.env})")
+            sources[opt.name] = f"environment ({opt.env})"
+            origins[opt.name] = env_origin(opt)
+            values[opt.name] = _parse_option(opt, env[opt.env], origins[opt.name])
         else:
-            source = "default"
+            sources[opt.name] = "default"
+            origins[opt.name] = "the default"
             values[opt.name] = opt.parse(opt.default) if opt.default is not None else None
-        sources[opt.name] = source
     if values["delay_fraction"] is None:
         values["delay_fraction"] = 0.3 if values["delay"] != "none" else 0.0
-        sources["delay_fraction"] = "default"
-    return EffectiveConfig(values=values, sources=sources)
+    return EffectiveConfig(values=values, sources=sources, origins=origins)
 
 
 def format_value(name: str, value: Any) -> str:
@@ -464,7 +569,7 @@ def format_value(name: str, value: Any) -> str:
     if value is None:
         return {"delay_ranks": "all", "delay_ops": "all", "step_ms": "auto", "stats": "none"}.get(name, "none")
     if name == "slowdown":
-        return ",".join(f"{r}:{f:g}x" for r, f in value) or "none"
+        return ",".join(f"{r}:{repr(f).removesuffix('.0')}x" for r, f in value) or "none"
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return str(value)

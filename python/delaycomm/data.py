@@ -36,7 +36,7 @@ class DelayedLoader:
         try:
             spec = _parse_delay(delay)
         except _Invalid as e:
-            raise ValueError(f"delaycomm.data.DelayedLoader: invalid delay {delay!r}: expected {e}") from None
+            raise ValueError(f"delaycomm.data.DelayedLoader: invalid delay {delay!r}: {e.why}") from None
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
                 math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
             raise ValueError(f"delaycomm.data.DelayedLoader: fraction must be a number in [0, 1], got {fraction!r}")

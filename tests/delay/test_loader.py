@@ -42,7 +42,7 @@ def test_delayed_batches_are_really_late():
 
 
 @pytest.mark.parametrize("kwargs,message", [
-    (dict(delay="exp:p99=400"), r"DelayedLoader: invalid delay 'exp:p99=400': expected delaycomm: invalid delay spec"),
+    (dict(delay="exp:p99=400"), r"DelayedLoader: invalid delay 'exp:p99=400': value of 'p99' '400' has no unit"),
     (dict(fraction=1.5), r"DelayedLoader: fraction must be a number in \[0, 1\], got 1.5"),
     (dict(fraction="0.3"), r"DelayedLoader: fraction must be a number in \[0, 1\], got '0.3'"),
     (dict(seed=-1), r"DelayedLoader: seed must be an integer >= 0, got -1"),

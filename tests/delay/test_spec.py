@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 from hypothesis import given, settings
@@ -56,7 +57,12 @@ BAD = [
     ("exp:p99=-4ms", r"is negative \(a delay must be >= 0\)"),
     ("exp:p99=nanms", r"is not a number with a unit"),
     ("exp:p99=infms", r"is not a number with a unit"),
-    ("exp:p99=1e999s", r"is out of range"),
+    ("exp:p99=1e999s", r"value of 'p99' '1e999s' is out of range \(a delay is 0 or from 1ns to 86400s, 24 hours\)"),
+    ("exp:p99=86401s", r"value of 'p99' '86401s' is longer than 86400s \(a delay is 0 or from 1ns to 86400s, 24 "
+                       r"hours\)"),
+    ("const:1e300ms", r"const duration '1e300ms' is longer than 86400s"),
+    ("pareto:p50=1ns,p99=1e300s", r"value of 'p99' '1e300s' is longer than 86400s"),
+    ("exp:mean=0.5ns", r"value of 'mean' '0.5ns' is shorter than 1ns \(a delay is 0 or from 1ns to 86400s"),
     ("exp:p99=0ms", r"the exp parameter must be > 0"),
     ("exp:p50=1ms,p99=2ms", r"exp takes exactly one of mean=DURATION or one percentile"),
     ("exp:mean=1ms,mean=2ms", r"key 'mean' is given twice"),
@@ -84,15 +90,35 @@ def test_bad_specs_say_what_is_wrong_and_what_is_accepted(spec, message):
     with pytest.raises(ValueError, match=message) as e:
         _C.parse_delay_spec(spec)
     text = str(e.value)
-    assert text.startswith("delaycomm: invalid delay spec")
+    assert text.startswith(f"delaycomm: invalid delay spec '{spec}': ")
     if "no lognormal" not in text and "no generalised Pareto" not in text:
-        assert "accepted: none, const:50ms, exp:p99=400ms" in text
+        assert text.endswith("; expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, "
+                             "lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE "
+                             "(durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)")
 
 
-def test_bad_spec_through_the_option_names_option_and_variable():
-    with pytest.raises(ValueError, match=r"invalid value 'exp:p99=400' for option 'delay' \(environment variable "
-                                         r"DELAYCOMM_DELAY\) from a keyword: expected delaycomm: invalid delay spec"):
+def test_bad_spec_through_the_option_keeps_the_cause_once():
+    with pytest.raises(ValueError) as e:
         delaycomm.DelayConfig(delay="exp:p99=400")
+    assert str(e.value) == (
+        "delaycomm: invalid value 'exp:p99=400' for option 'delay' from the keyword delay= of DelayConfig: value of "
+        "'p99' '400' has no unit (expected one of ns, us, ms, s, e.g. 50ms); expected a delay spec: none, const:50ms, "
+        "exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms"
+        "[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)")
+
+
+@pytest.mark.parametrize("text,seconds", [("86400s", 86400.0), ("86400000ms", 86400.0), ("1ns", 1e-9),
+                                          ("0.001us", 1e-9), ("1e-9s", 1e-9), ("0s", 0.0), ("0ns", 0.0)])
+def test_durations_at_the_bounds(text, seconds):
+    assert _C.parse_duration(text) == pytest.approx(seconds, rel=1e-12)
+
+
+@pytest.mark.parametrize("text,why", [("86401s", "is longer than 86400s"), ("1e19ns", "is longer than 86400s"),
+                                      ("0.9ns", "is shorter than 1ns"), ("1e-300s", "is shorter than 1ns")])
+def test_durations_out_of_bounds(text, why):
+    with pytest.raises(ValueError) as e:
+        _C.parse_duration(text)
+    assert str(e.value) == f"delaycomm: duration '{text}' {why} (a delay is 0 or from 1ns to 86400s, 24 hours)"
 
 
 @settings(max_examples=300, deadline=None)
@@ -158,8 +184,92 @@ def test_malformed_trace_files_name_the_line(tmp_path, text, message):
 
 
 def test_missing_trace_file(tmp_path):
-    with pytest.raises(ValueError, match=r"trace file '.*nope.txt' cannot be opened"):
-        _C.parse_delay_spec(f"trace:{tmp_path}/nope.txt")
+    path = f"{tmp_path}/nope.txt"
+    with pytest.raises(ValueError) as e:
+        _C.parse_delay_spec(f"trace:{path}")
+    assert str(e.value) == (f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' cannot be opened: No "
+                            "such file or directory (expected a readable regular file)")
+
+
+_TRACE_FORMAT = ("expected one latency per line with a unit (ns, us, ms, s) such as 12.5ms; blank lines and lines "
+                 "starting with # are ignored")
+
+
+@pytest.mark.parametrize("data,where", [
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "line 1 is not text: byte 0x89 at column 1 (a binary file?)"),
+    (b"1ms\n2ms\n\x00\x01\x02\n", "line 3 is not text: byte 0x00 at column 1 (a binary file?)"),
+    (b"1ms\n12\xffms\n", "line 2 is not text: byte 0xff at column 3 (a binary file?)"),
+    (b"# caf\xc3\xa9 latencies\n1ms\n\x1b[0m\n", "line 3 is not text: byte 0x1b at column 1 (a binary file?)"),
+    (b"1ms\n1e300s\n", "line 2: '1e300s' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours)"),
+    (b"1ms\n5e12ms\n", "line 2: '5e12ms' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours)"),
+])
+def test_binary_or_out_of_range_trace_names_the_first_bad_line(tmp_path, data, where):
+    # Binary content used to surface as a UTF-8 codec error; values past 4.6e12 ms were silently saturated.
+    path = tmp_path / "t.bin"
+    path.write_bytes(data)
+    with pytest.raises(ValueError) as e:
+        _C.parse_delay_spec(f"trace:{path}")
+    assert str(e.value) == f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' {where}; {_TRACE_FORMAT}"
+
+
+def test_utf8_in_a_trace_line_stays_readable(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("1ms\n5 \u00b5m\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="line 2: '5 \u00b5m' has an unknown unit '\u00b5m'"):
+        _C.parse_delay_spec(f"trace:{path}")
+
+
+def test_a_trace_larger_than_64_mib_is_refused_before_it_is_read(tmp_path):
+    path = tmp_path / "big.txt"
+    with open(path, "wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: no disk used
+    with pytest.raises(ValueError) as e:
+        _C.parse_delay_spec(f"trace:{path}")
+    assert str(e.value) == (f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' has 67108865 bytes, "
+                            "more than the limit of 64 MiB")
+
+
+_PARSE_IN_CHILD = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))  # a parser that reads forever fails here, not the host
+from delaycomm import _C
+try:
+    _C.parse_delay_spec(sys.argv[1])
+except ValueError as e:
+    print(e)
+"""
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero", "directory"])
+def test_only_regular_files_are_read(tmp_path, kind):
+    # A FIFO used to block init forever and /dev/zero to read until memory ran out: each runs in a child with a
+    # timeout and a memory limit, so a regression fails this test instead of hanging or exhausting the machine.
+    import subprocess
+    import sys
+
+    if kind == "fifo":
+        path, what = str(tmp_path / "fifo"), "a FIFO"
+        os.mkfifo(path)
+    elif kind == "directory":
+        path, what = str(tmp_path), "a directory"
+    else:
+        path, what = kind, "a character device"
+    proc = subprocess.run([sys.executable, "-c", _PARSE_IN_CHILD, f"trace:{path}"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.stdout.strip() == (f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' is {what} "
+                                   "(expected a regular file)"), proc.stderr[-2000:]
+
+
+def test_trace_digest_is_the_content_not_the_path(tmp_path):
+    a, b, c, d = (tmp_path / n for n in "abcd")
+    a.write_text("1ms\n2ms\n3ms\n")
+    b.write_text("# the same latencies, another order\n3ms\n\n1ms\n2000us\n")
+    c.write_text("1ms\n2ms\n4ms\n")
+    d.write_text("1ms\n2ms\n3ms\n3ms\n")
+    digest = {p.name: _C.parse_delay_spec(f"trace:{p}")["trace_digest"] for p in (a, b, c, d)}
+    assert digest["a"] == digest["b"]
+    assert len({digest["a"], digest["c"], digest["d"]}) == 3
 
 
 @pytest.mark.timeout(60)
@@ -183,6 +293,6 @@ def test_creator_fills_the_native_options_and_warns_when_the_tail_passes_the_tim
                                         delay_where="host", seed=3, slowdown="1:4x"), env={})
     native = _C.BackendOptions()
     with pytest.warns(RuntimeWarning, match=r"has a P99.99 of 20.000 s, longer than the group's timeout of 5 s"):
-        _fill_delay_options(native, cfg, 1, timedelta(seconds=5), False)
+        _fill_delay_options(native, cfg, 1, timedelta(seconds=5))
     assert (native.delay, native.delay_fraction, native.delay_ranks, native.delay_ops, native.delay_on_host,
             native.seed, native.slowdown) == ("exp:p99=10s", 0.3, [1], ["allreduce", "broadcast"], True, 3, 4.0)
