@@ -16,8 +16,8 @@
 #
 # PYTHON: the first argument, else $PYTHON, else .venv/bin/python when present, else python3.
 # BENCH_OUT (default a temporary directory): where this run's JSON record goes, for the CI artifacts.
-# BENCH_INJECT_US: to see the gate fail, spin this many microseconds of CPU before every delaycomm call in the
-# benchmark harness (bench/percall.py --inject-us; the library is not touched).
+# BENCH_INJECT_US: to see the gate fail, add this much work (microseconds of CPU time, calibrated on this machine)
+# before every delaycomm call in the benchmark harness (bench/percall.py --inject-us; the library is not touched).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=gate

@@ -23,6 +23,11 @@
 #   precision     delay precision: issuer thread, host sleep, GPU sleep kernel (bench/delay_precision.py)
 #   gate          the per-call gate against $GPU_BASELINE (bench/percall.py --compare)
 #
+# Time budget on an H200 with a 16-core host (estimates until the first run; the summary records each step's time
+# and its limit): build 90-150 s, import 5, gpu_tests 90, kernel_bad_input 10, percall 45, kernels 20, precision 20,
+# gate 30: about 5-6 minutes. --update-baseline adds the baseline, the unchanged rerun (the gate step) and the
+# injected run with its confirmation: about 1.5 minutes more. --gate: build, import, tests, gate: about 4 minutes.
+#
 # Environment: OUT (default ./out), PYTHON (default python3), GPU_BASELINE (default bench/baselines/gpu-h200.json),
 # WORK (build and install directory, default /tmp/delaycomm-gpu-check: kept, so a rerun builds incrementally),
 # TORCH_CUDA_ARCH (default 90).
@@ -158,7 +163,7 @@ fi
 # unchanged rerun passes, an injected slowdown fails) with short runs, a huge slowdown and a loose limit, so that a
 # loaded CPU machine cannot fail the rehearsal; the gate's power at 5 us is shown on the CPU by .ci/bench-gate.sh
 # (bench/results/).
-gate_args=(--device cuda -b 8 -e 8 --runs 5 --progress off --max-added-us 2.5) inject=5
+gate_args=(--device cuda -b 8 -e 8 --runs 3 --progress off --max-added-us 2.5) inject=5
 if [ $dry = 1 ]; then
   gate_args=(--device cpu -b 8 -e 8 --runs 3 --blocks 6 --calls 200 --progress off --max-added-us 300) inject=2000
   update=1

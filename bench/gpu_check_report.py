@@ -149,13 +149,17 @@ def summary(rec: dict[str, Any]) -> str:
              f"({env.get('cpu_count')} cores); commit {env.get('commit')}; {env.get('date_utc')}",
              f"# {'step':<18}{'exit':>8}{'time':>8}{'limit':>8}"]
     for name, s in rec["steps"].items():
-        lines.append(f"  {name:<18}{str(s['exit'])[:40]:>8}{s['seconds']:>7}s{s['limit_s']:>7}s")
+        code, note = str(s["exit"]), ""
+        if not code.lstrip("-").isdigit():
+            code, note = code.split(":", 1)[0], "  " + code.split(":", 1)[-1].strip()
+        lines.append(f"  {name:<18}{code:>8}{s['seconds']:>7}s{s['limit_s']:>7}s{note}")
     total = sum(s["seconds"] for s in rec["steps"].values())
     lines.append(f"  {'total':<18}{'':>8}{total:>7}s")
     for name, t in rec["tests"].items():
         if t:
             lines.append(f"# {name}: {t['passed']} passed, {t['failures'] + t['errors']} failed, {t['skipped']} "
-                         "skipped" + "".join(f"\n#   FAILED {x['test']}: {x['message'][:160]}" for x in t["failed"]))
+                         "skipped" + "".join(f"\n#   FAILED {x['test']}: {x['message'].splitlines()[0][:160] if x['message'] else ''}"
+                                     for x in t["failed"]))
     ev = rec["evidence"]
     for key in ("nccl_default_settings", "nccl_user_settings"):
         if ev.get(key):

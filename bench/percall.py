@@ -134,9 +134,9 @@ def gate(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float)
 def format_gate(verdicts: list[Verdict], max_added_us: float) -> str:
     lines = [f"# gate: regression = (ratio - baseline ratio) x raw CPU us per call, per run; fails when the median "
              f"over runs and a majority of runs exceed {max_added_us:g} us/call",
-             f"# {'size':>8} {'path':<12} {'base ratio':>10} {'regression':>11} {'runs over':>9}  runs (us)  verdict"]
+             f"# {'size':>8} {'path':<12} {'base ratio':>10} {'regression':>13} {'runs over':>9}  runs (us)  verdict"]
     for v in verdicts:
-        lines.append(f"  {_fmt_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} {v.regression_us:>+10.2f}u "
+        lines.append(f"  {_fmt_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} {v.regression_us:>+10.2f} us "
                      f"{v.runs_over:>5}/{len(v.run_regression_us):<3}  "
                      f"{', '.join(f'{x:+.2f}' for x in v.run_regression_us)}  {'FAIL' if v.failed else 'ok'}")
     failed = [v for v in verdicts if v.failed]
@@ -177,7 +177,7 @@ def format_table(record: dict[str, Any]) -> str:
     out = [
         f"# delaycomm per-call cost: world size 1, {s['device']} ({'nccl' if s['device'] == 'cuda' else 'gloo'} vs "
         f"delaycomm, nothing configured), {len(record['runs'])} runs x {s['blocks']} pairs of blocks x {s['calls']} "
-        f"calls, float32" + (f", INJECTED {s['inject_us']:g} us of CPU per delaycomm call" if s["inject_us"] else ""),
+        f"calls, float32" + (f", INJECTED {s['inject_us']:g} us of work per delaycomm call" if s["inject_us"] else ""),
         f"# torch {env.get('torch', '?')}, delaycomm {env.get('delaycomm', '?')}"
         + (f" ({env['delaycomm_commit']})" if env.get("delaycomm_commit") else "")
         + f", NCCL {env.get('nccl') or '-'}; {m.get('hostname', '?')}: {m.get('cpu', '?')}, "
@@ -188,8 +188,17 @@ def format_table(record: dict[str, Any]) -> str:
         "#" + " ".join(f"{c[0]:>{c[2]}}" for c in COLUMNS)[1:],
         "#" + " ".join(f"{c[1]:>{c[2]}}" for c in COLUMNS)[1:],
     ]
-    for r in rows(record):
+    rs = rows(record)
+    for r in rs:
         out.append(" ".join(f"{c[4].format(c[3](r)):>{c[2]}}" for c in COLUMNS))
+    if len(record["runs"]) >= 3:
+        out.append("# steadiness: standard deviation over runs of each run's figure, in us/call, as a difference "
+                   "(delaycomm - raw) and in the gate's ratio form ((ratio - median ratio) x the run's raw cost):")
+        for r in rs:
+            med = statistics.median(r["run_ratio_cpu"])
+            ratio_form = [(q - med) * raw for q, raw in zip(r["run_ratio_cpu"], r["run_raw_cpu_us"])]
+            out.append(f"#   {_fmt_size(r['size_bytes'])} {r['path']}: difference "
+                       f"{statistics.stdev(r['run_added_cpu_us']):.2f}, ratio form {statistics.stdev(ratio_form):.2f}")
     if "elapsed_s" in record:
         out.append(f"# measured in {record['elapsed_s']:.1f} s")
     return "\n".join(out)
@@ -317,8 +326,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", type=_int_at_least(1), default=3, metavar="N",
                    help="runs, each a fresh process; the figure is the median over runs (default 3)")
     p.add_argument("--inject-us", type=_us, default=0.0, metavar="US",
-                   help="TESTING THE GATE: spin this much CPU time (us) before every delaycomm call, in this harness "
-                        "(not in the library): a known regression")
+                   help="TESTING THE GATE: add this much work (us of CPU time on this machine, calibrated) before "
+                        "every delaycomm call, in this harness (not in the library): a known regression")
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="limit per run in seconds (default 600)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the record (every block time, the environment)")
     p.add_argument("--from-json", default=None, metavar="FILE", help="report (and gate) a saved record, not measuring")

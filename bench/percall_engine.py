@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PATHS", "Path", "measure", "busy_wait_cpu_ns"]
+__all__ = ["PATHS", "Path", "measure", "work", "calibrate"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,22 +74,37 @@ PATHS = {p.name: p for p in (
 )}
 
 
-def busy_wait_cpu_ns(ns: int) -> None:
-    """Spin until this thread has used at least ``ns`` more nanoseconds of CPU time (the ``--inject-us`` slowdown).
-
-    CPU time, not wall time: the harness measures process CPU time, so a preempted spin must not count as done.
-    """
-    end = time.thread_time_ns() + ns
-    while time.thread_time_ns() < end:
+def work(iterations: int) -> None:
+    """The injected slowdown: a fixed amount of work, like code added to the wrapper (see :func:`calibrate`)."""
+    for _ in range(iterations):
         pass
 
 
-def _injected(call: Callable[[], None], inject_ns: int) -> Callable[[], None]:
-    if inject_ns <= 0:
+def calibrate(us: float, trials: int = 7) -> dict[str, float]:
+    """How many iterations of :func:`work` take ``us`` microseconds of CPU time on this machine when it is least busy.
+
+    NOTE: a fixed amount of work, not a spin until a clock says ``us``: under load, real wrapper code costs more CPU
+    time per call than on an idle core (its core is shared), and so does this. The fastest of ``trials`` timings
+    is taken as the machine's speed. A clock-based spin would also overshoot by one clock read (over 1 µs for
+    CLOCK_THREAD_CPUTIME_ID on this project's VM).
+    """
+    n = 200_000
+    best = min(_cpu_ns(n) for _ in range(trials)) / n
+    return {"inject_us": us, "iterations": int(round(us * 1e3 / best)), "ns_per_iteration": round(best, 4)}
+
+
+def _cpu_ns(n: int) -> int:
+    t0 = time.thread_time_ns()
+    work(n)
+    return time.thread_time_ns() - t0
+
+
+def _injected(call: Callable[[], None], iterations: int) -> Callable[[], None]:
+    if iterations <= 0:
         return call
 
     def slowed() -> None:
-        busy_wait_cpu_ns(inject_ns)
+        work(iterations)
         call()
 
     return slowed
@@ -111,7 +126,8 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
     Args:
         spec: ``device`` (cpu / cuda), ``sizes`` (bytes), ``paths`` (names in :data:`PATHS`), ``calls`` per block,
             ``blocks`` (measured pairs per item), ``warmup_blocks`` (unrecorded pairs per item first),
-            ``inject_us`` (CPU time added before each delaycomm call, 0 normally).
+            ``inject_us`` (work added before each delaycomm call, in µs of CPU time on this machine when least
+            busy; 0 normally).
         progress: called as ``progress(done, total)`` after each round of blocks.
 
     Returns:
@@ -141,6 +157,8 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
         if be != "DelayBackend":
             raise RuntimeError(f"the delaycomm group's {device} backend is {be}, expected DelayBackend")
         paths = [PATHS[p] for p in spec["paths"]]
+        injection = calibrate(spec["inject_us"]) if spec["inject_us"] > 0 else None
+        iterations = injection["iterations"] if injection else 0
         items, calls_made = [], 0
         for size in spec["sizes"]:
             n = max(1, size // 4)
@@ -149,7 +167,7 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
                 t_raw = torch.ones(n, dtype=torch.float32, device=device)
                 t_dc = torch.ones(n, dtype=torch.float32, device=device)
                 items.append({"size_bytes": n * 4, "path": p.name, "t": (t_raw, t_dc),
-                              "calls": (p.make(t_raw, raw), _injected(p.make(t_dc, dc), int(spec["inject_us"] * 1e3))),
+                              "calls": (p.make(t_raw, raw), _injected(p.make(t_dc, dc), iterations)),
                               "raw_cpu_us": [], "dc_cpu_us": [], "raw_wall_us": [], "dc_wall_us": [], "first": []})
         calls, rounds = int(spec["calls"]), int(spec["warmup_blocks"]) + int(spec["blocks"])
         for it in items:  # first calls: connect, allocate, load kernels (not counted: the stats are reset)
@@ -190,7 +208,7 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
         if counted != calls_made:
             raise RuntimeError(f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made {calls_made}")
         checks = {"delaycomm_backend": be, "raw_backend": raw_name, "wrong_elements": wrong,
-                  "delaycomm_calls_counted": counted, "delaycomm_calls_made": calls_made}
+                  "delaycomm_calls_counted": counted, "delaycomm_calls_made": calls_made, "injection": injection}
         for it in items:
             del it["t"], it["calls"]
         return {"items": items, "checks": checks}
