@@ -402,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
         failed = [v for v in verdicts if v.failed]
         if not failed:
             break
+        print(format_gate(verdicts, a.max_added_us).replace("gate: FAIL:", "# so far: over the limit:"))
         print(f"# gate: {len(failed)} items over the limit; confirmation {attempt + 1} of {a.confirm} in fresh runs")
         spec = dict(record["settings"], sizes=sorted({v.size_bytes for v in failed}),
                     paths=list(dict.fromkeys(v.path for v in failed)))
