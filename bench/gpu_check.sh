@@ -52,11 +52,10 @@ out=${OUT:-$root/out}
 py=${PYTHON:-python3}
 work=${WORK:-/tmp/delaycomm-gpu-check}
 baseline=${GPU_BASELINE:-bench/baselines/gpu-h200.json}
-if [ $dry = 1 ]; then
-  [ -n "${GPU_BASELINE:-}" ] || baseline=$out/baseline-dry-run.json  # never overwrite a committed baseline
-fi
+[ $dry = 1 ] && baseline=$out/baseline-dry-run.json  # a rehearsal never writes or reads a committed baseline
 mkdir -p "$out/evidence" "$out/logs"
-rm -f "$out"/evidence/*.json "$out/steps.tsv"
+# what an earlier run left here must not be reported as this run's
+rm -f "$out"/evidence/*.json "$out"/logs/*.log "$out"/*.json "$out"/*.xml "$out/steps.tsv" "$out/summary.txt"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 status=0
 t_start=$(date +%s)
@@ -165,7 +164,7 @@ fi
 # (bench/results/).
 gate_args=(--device cuda -b 8 -e 8 --runs 3 --progress off --max-added-us 2.5) inject=5
 if [ $dry = 1 ]; then
-  gate_args=(--device cpu -b 8 -e 8 --runs 3 --blocks 6 --calls 200 --progress off --max-added-us 300) inject=2000
+  gate_args=(--device cpu -b 8 -e 8 --runs 3 --blocks 6 --calls 100 --progress off --max-added-us 300) inject=2000
   update=1
 fi
 if [ $update = 1 ]; then
@@ -178,7 +177,7 @@ elif [ -f "$baseline" ]; then
   step gate 240 "$py" bench/percall.py "${gate_args[@]}" --compare "$baseline" --json "$out/gate.json"
 elif [ $mode = gate ]; then
   echo "# gate: no baseline at $baseline: measure one on this GPU with bench/gpu_check.sh --update-baseline"
-  printf 'gate\tno baseline at %s\t0\t0\n' "$baseline" >> "$out/steps.tsv"
+  printf 'gate\tfailed: no baseline at %s\t0\t0\n' "$baseline" >> "$out/steps.tsv"
   status=1
 else
   skip gate "no baseline at $baseline (bench/gpu_check.sh --update-baseline measures one)"
