@@ -4,8 +4,9 @@
 #
 #   bench/gpu_check.sh                     the whole check (below), the gate included when a baseline exists
 #   bench/gpu_check.sh --gate              what CI runs (.github/workflows/gpu.yml): build, the GPU tests, the gate
-#   bench/gpu_check.sh --update-baseline   also measure the gate's baseline ($GPU_BASELINE), then show that the gate
-#                                          passes an unchanged rerun and fails an injected 5 us/call slowdown
+#   bench/gpu_check.sh --update-baseline   also measure the gate's baseline (written to $GPU_BASELINE and to
+#                                          $OUT/baseline.json), then show that the gate passes an unchanged rerun
+#                                          and fails an injected 5 us/call slowdown
 #   bench/gpu_check.sh --dry-run [...]     without a GPU: every step that can run on the CPU, on the CPU (the build
 #                                          is skipped unless --build: it uses the installed delaycomm)
 #
@@ -22,6 +23,9 @@
 #   kernels       fused blend kernel bandwidth vs device copy and unfused torch ops (bench/kernel_bandwidth.py)
 #   precision     delay precision: issuer thread, host sleep, GPU sleep kernel (bench/delay_precision.py)
 #   gate          the per-call gate against $GPU_BASELINE (bench/percall.py --compare)
+#
+# If the script is stopped before its end, every finished step's log and record is in $OUT already:
+# `python3 bench/gpu_check_report.py report $OUT full 0` writes the JSON and summary from them.
 #
 # Time budget on an H200 with a 16-core host (estimates until the first run; the summary records each step's time
 # and its limit): build 90-150 s, import 5, gpu_tests 90, kernel_bad_input 10, percall 45, kernels 20, precision 20,

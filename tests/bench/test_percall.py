@@ -109,18 +109,20 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     (["--blocks", "0"], "argument --blocks: 0 is too small; expected an integer >= 1"),
     (["--compare", "/nonexistent/base.json"], "argument --compare: /nonexistent/base.json: no such file"),
 ])
-def test_bad_input_exits_2_naming_the_flag(args, message):
-    proc = _cli(*args, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
+def test_bad_input_exits_2_naming_the_flag(args, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        percall.main(args)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
 
 
-def test_a_file_that_is_not_a_record_is_refused(tmp_path):
+def test_a_file_that_is_not_a_record_is_refused(tmp_path, capsys):
     bad = tmp_path / "bench.json"
     bad.write_text(json.dumps({"format": "delaycomm-bench/1", "rows": []}))
-    proc = _cli("--from-json", str(bad), timeout=60)
-    assert proc.returncode == 2
-    assert "not a per-call record ('format' must be 'delaycomm-percall/1', with runs)" in proc.stderr
+    with pytest.raises(SystemExit) as e:
+        percall.main(["--from-json", str(bad)])
+    assert e.value.code == 2
+    assert "not a per-call record ('format' must be 'delaycomm-percall/1', with runs)" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(600)
