@@ -116,11 +116,13 @@ else
   skip build "dry run: uses the installed delaycomm (--build builds it)"
 fi
 need_cuda=$([ $dry = 0 ] && echo 1 || echo 0)
+built_into=$([ $dry = 0 ] || [ $build_in_dry = 1 ] && echo "$work/pkg/" || echo "")
 step import 60 "$py" -c "
 import importlib.metadata as md, torch, delaycomm
 eps = [e.name for e in md.entry_points(group='torch.backends')]
 assert 'delaycomm' in eps, f'the torch.backends entry point is missing: {eps}'
 print('delaycomm', delaycomm.__version__, 'from', delaycomm.__file__, 'cuda_compiled', delaycomm._C.cuda_compiled)
+assert delaycomm.__file__.startswith('$built_into'), 'not the build of this run: an editable install shadows it?'
 assert delaycomm._C.cuda_compiled or not $need_cuda, 'delaycomm was built without its CUDA sources'
 assert torch.cuda.is_available() or not $need_cuda, 'torch sees no CUDA device'
 " || { "$py" bench/gpu_check_report.py report "$out" "$mode" "$dry"; exit 1; }
