@@ -89,11 +89,12 @@ def test_the_injected_work_is_calibrated_to_the_cpu_time_asked_for():
     import time
 
     cal = percall_engine.calibrate(2000.0)
-    assert cal["iterations"] > 0
+    assert abs(cal["iterations"] - 2000.0 * 1e3 / cal["ns_per_iteration"]) <= 1
     t0 = time.thread_time_ns()
     percall_engine.work(cal["iterations"])
-    # the calibration takes the fastest of several timings: doing the work again never takes less (within 20%)
-    assert time.thread_time_ns() - t0 >= 0.8 * 2_000_000
+    # the same work again costs about the CPU time asked for; a shared core can make one timing 2x the other, so
+    # this checks the scale (a unit slip would be 1000x), not the precision
+    assert 0.25 * 2_000_000 <= time.thread_time_ns() - t0 <= 4 * 2_000_000
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
