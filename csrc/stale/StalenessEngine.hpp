@@ -38,8 +38,8 @@ namespace delaycomm {
 // `average` (AVG) divides the result by N (folded into the pre-scaling, and into flush).
 //
 // Keys: explicit (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase, or, for plain
-// all_reduce calls, the storage identity of the tensor (data pointer, size, dtype, device), numbered from
-// kIdentityKeyBase in first-seen order, which is the same on every rank. A key defers nothing on its first step
+// all_reduce calls, the storage identity of the tensor (storage object, offset, size, dtype, device), numbered
+// from kIdentityKeyBase in first-seen order, which is the same on every rank running the same program. A key defers nothing on its first step
 // (DDP rebuilds its buckets after the first iteration, so storages seen once are not streams). The key table
 // holds at most Options::maxKeys keys: the least recently used key with nothing pending is forgotten beyond that
 // (a stream whose tensor is new storage on every call cannot be keyed; warned once).
@@ -130,13 +130,18 @@ class StalenessEngine {
   std::function<void(const std::string&)> onWarn;
 
  private:
+  // A tensor's storage identity. `storage` is the StorageImpl (kept from reuse by a weak reference, see
+  // KeyState::storageRef), not the data pointer: the allocator may hand a freed buffer's address to a new tensor on
+  // one rank and not on another, while a new storage object is new on every rank.
   struct Identity {
-    const void* ptr;
+    const void* storage;
+    int64_t offset;
     int64_t numel;
     c10::ScalarType dtype;
     c10::Device device;
     bool operator==(const Identity& o) const {
-      return ptr == o.ptr && numel == o.numel && dtype == o.dtype && device == o.device;
+      return storage == o.storage && offset == o.offset && numel == o.numel && dtype == o.dtype &&
+             device == o.device;
     }
   };
   struct IdentityHash {
@@ -161,6 +166,8 @@ class StalenessEngine {
     int64_t numel = 0;                     // its size at the last step
     bool average = false;                  // the stream averages (last step)
     std::optional<Identity> identity;      // set for storage-identity keys
+    // Holds the StorageImpl's memory (not its data) so that no other storage gets its address while the key lives.
+    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storageRef;
     std::list<uint64_t>::iterator lru;     // position in lru_
     // step_ms=auto: this key's intervals between consecutive calls (until one key has calibrationSteps).
     std::chrono::steady_clock::time_point lastCall;

@@ -27,7 +27,8 @@ std::string textOf(const std::vector<uint8_t>& b) {
 }  // namespace
 
 size_t StalenessEngine::IdentityHash::operator()(const Identity& id) const {
-  size_t h = std::hash<const void*>()(id.ptr);
+  size_t h = std::hash<const void*>()(id.storage);
+  h ^= std::hash<int64_t>()(id.offset) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   h ^= std::hash<int64_t>()(id.numel) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   h ^= std::hash<int>()(static_cast<int>(id.dtype)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   h ^= std::hash<c10::Device>()(id.device) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
@@ -52,12 +53,18 @@ StalenessEngine::KeyState& StalenessEngine::touchLocked(uint64_t key, const at::
 }
 
 uint64_t StalenessEngine::keyOf(const at::Tensor& t) {
-  const Identity id{t.data_ptr(), t.numel(), t.scalar_type(), t.device()};
+  const bool hasStorage = t.has_storage();
+  const Identity id{hasStorage ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : t.data_ptr(),
+                    hasStorage ? t.storage_offset() : 0, t.numel(), t.scalar_type(), t.device()};
   std::lock_guard<std::mutex> lock(mutex_);
   auto [it, inserted] = identityKeys_.try_emplace(id, nextIdentityKey_);
   if (inserted) {
     ++nextIdentityKey_;
-    touchLocked(it->second, t).identity = id;
+    KeyState& ks = touchLocked(it->second, t);
+    ks.identity = id;
+    if (hasStorage) {
+      ks.storageRef = t.storage().getWeakStorageImpl();
+    }
   }
   return it->second;
 }
