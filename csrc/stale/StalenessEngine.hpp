@@ -179,6 +179,7 @@ class StalenessEngine {
     uint64_t call;
     int64_t medianNs;
     int64_t intervals;
+    int64_t attempt;
   };
   // What every rank computes for every rank at one step, before any state changes.
   struct Plan {
@@ -214,6 +215,7 @@ class StalenessEngine {
   uint64_t calls_ = 0;
   int64_t stepNs_ = 0;  // 0 = not calibrated yet
   bool calibrating_ = false;  // a proposal is being agreed on (prepare of the calibrating call is in progress)
+  int64_t calibrationAttempts_ = 0;
   StepSource source_;
   std::deque<std::pair<int64_t, int64_t>> window_;
   int64_t windowFresh_ = 0;

@@ -144,7 +144,7 @@ std::optional<StalenessEngine::Proposal> StalenessEngine::calibrationLocked(KeyS
     auto v = ks.intervals;
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
     return Proposal{key, describeKeyLocked(key), calls_, std::max<int64_t>(1, v[v.size() / 2]),
-                    static_cast<int64_t>(v.size())};
+                    static_cast<int64_t>(v.size()), calibrationAttempts_++};
   }
   if (!warnedUnengaged_ && static_cast<int64_t>(calls_) >= options_.calibrationWarnCalls) {
     warnedUnengaged_ = true;
@@ -170,7 +170,9 @@ std::optional<StalenessEngine::Proposal> StalenessEngine::calibrationLocked(KeyS
 // Rank 0 checks that every rank proposes the same key at the same call and publishes its median; every rank
 // waits for the decision (bounded by the group's timeout) and gets the same step or the same error.
 int64_t StalenessEngine::agreeOnStep(const Proposal& p) {
-  const std::string prefix = kCalibrationPrefix;
+  // One set of store keys per attempt: after a failed agreement (raised on every rank) a caller that goes on
+  // tries again at a later call, and must not read the failed attempt's decision.
+  const std::string prefix = kCalibrationPrefix + std::to_string(p.attempt) + "/";
   const std::string decisionKey = prefix + "decision";
   {
     std::ostringstream mine;
