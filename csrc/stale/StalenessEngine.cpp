@@ -64,15 +64,13 @@ StalenessEngine::StalenessEngine(int rank, int size, Options options, const Dela
 // ---------------------------------------------------------------------------------------------------------------
 // One step
 
-StalenessEngine::Plan StalenessEngine::planLocked(const KeyState& ks, uint64_t key, uint64_t step,
-                                                  int64_t stepNs) const {
+StalenessEngine::Plan StalenessEngine::planLocked(uint64_t key, uint64_t step, int64_t stepNs) const {
   Plan plan;
   plan.k.assign(static_cast<size_t>(size_), 0);
   plan.waitNs.assign(static_cast<size_t>(size_), 0);
   plan.delayNs.assign(static_cast<size_t>(size_), 0);
   // No deferral on a key's first step (DDP's bucket rebuild) nor before the step time is known.
   const bool canDefer = step >= 1 && stepNs > 0 && schedule_ != nullptr && schedule_->active();
-  (void)ks;
   for (int r = 0; r < size_; ++r) {
     int64_t k = 0;
     if (canDefer) {
@@ -190,7 +188,7 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
                       " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
                       "delaycomm.stale_allreduce(key=...))");
   }
-  const Plan plan = planLocked(ks, key, step, stepNs);
+  const Plan plan = planLocked(key, step, stepNs);
   const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.timeout).count();
   int late = -1;
   for (int r = 0; r < size_; ++r) {

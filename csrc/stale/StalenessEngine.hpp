@@ -193,7 +193,7 @@ class StalenessEngine {
   void evictLocked(std::string* warning);
   std::optional<Proposal> calibrationLocked(KeyState& ks, uint64_t key, std::string* warning);
   int64_t agreeOnStep(const Proposal& proposal);
-  Plan planLocked(const KeyState& ks, uint64_t key, uint64_t step, int64_t stepNs) const;
+  Plan planLocked(uint64_t key, uint64_t step, int64_t stepNs) const;
   void checkPendingLocked(const KeyState& ks, uint64_t key, uint64_t step, const Plan& plan) const;
   std::string describeKeyLocked(uint64_t key) const;
   void recordWindow(int64_t nFresh, int64_t nStale);
