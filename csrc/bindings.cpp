@@ -90,6 +90,23 @@ py::dict groupStatsToDict(GroupStats& g) {
   return out;
 }
 
+// The staleness engine's own keys of stats()["staleness"] (docs/staleness.md): where the step time came from,
+// the key table, this rank's pending contributions, the windowed ratio. Zeros/empty when the engine is off.
+void addEngineStats(py::dict& stale, const StalenessEngine* e) {
+  stale["stale_fresh_ratio_windowed"] = e ? e->windowedRatio() : 0.0;
+  stale["pending_here"] = e ? e->pendingHere() : 0;
+  stale["keys"] = e ? e->keyCount() : 0;
+  const auto src = e ? e->stepSource() : StalenessEngine::StepSource{};
+  using Kind = StalenessEngine::StepSource::Kind;
+  stale["step_ms"] = static_cast<double>(src.stepNs) * 1e-6;
+  stale["step_source"] = !e                             ? "off"
+                         : src.kind == Kind::kConfigured ? "step_ms"
+                         : src.kind == Kind::kCalibrated ? "calibrated"
+                                                         : "calibrating";
+  stale["step_key"] = src.key;
+  stale["step_intervals"] = src.intervals;
+  stale["step_call"] = src.atCall;
+}
 
 // ===============================================================================================================
 // Delay injection (issue 3): specs, samplers, schedules, fit, precise sleep. Errors: std::invalid_argument, which
@@ -374,9 +391,7 @@ PYBIND11_MODULE(_C, m) {
             }
             auto d = groupStatsToDict(self.stats());
             py::dict stale = d["staleness"];
-            auto* e = self.staleness();
-            stale["stale_fresh_ratio_windowed"] = e ? e->windowedRatio() : 0.0;
-            stale["pending_here"] = e ? e->pendingHere() : 0;
+            addEngineStats(stale, self.staleness());
             return d;
           },
           "Telemetry of this group as a dict (see delaycomm.stats).")

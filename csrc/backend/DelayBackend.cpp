@@ -118,6 +118,8 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
     so.alpha = options_.emaAlpha;
     so.stepMs = options_.stepMs;
     so.maxPending = options_.maxPending;
+    so.timeout = options_.timeout;  // bounds the SSP gate and the step_ms=auto agreement (docs/staleness.md)
+    so.groupName = options_.groupName;
     stale_ = std::make_unique<StalenessEngine>(rank, size, so, schedule_.get(), options_.store, stats_);
   }
 }
@@ -166,21 +168,28 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
                                                        const c10d::AllreduceOptions& opts) {
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
-  if (stale_ && staleEligible(tensors, opts)) {
+  if (staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
     return runStale(tensors[0], stale_->keyOf(tensors[0]), opts.reduceOp == c10d::ReduceOp::AVG, opts);
   }
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
              [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
 }
 
-bool DelayBackend::staleEligible(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const {
+// The staleness engine takes a reduction when its op can be late at all: staleness is on, the delay schedule is
+// active and the op is among delay_ops (delay_ops=broadcast leaves all-reduces BSP), and it is a SUM/AVG of one
+// dense floating tensor outside a coalescing window (docs/staleness.md).
+bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
+                                 const c10d::ReduceOp& reduceOp) const {
+  if (!stale_ || !schedule_ || !schedule_->active() || !delayOp_[static_cast<int>(op)]) {
+    return false;
+  }
   if (tensors.size() != 1 || coalescing_) {
     return false;
   }
   const auto& t = tensors[0];
-  const auto op = opts.reduceOp.op_;
+  const auto kind = reduceOp.op_;
   return !t.is_sparse() && at::isFloatingType(t.scalar_type()) &&
-         (op == c10d::ReduceOp::SUM || op == c10d::ReduceOp::AVG);
+         (kind == c10d::ReduceOp::SUM || kind == c10d::ReduceOp::AVG);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64_t key, bool average,
@@ -197,9 +206,11 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64
 c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
   std::vector<at::Tensor> tensors{tensor};
   checkTensors(OpKind::kAllreduce, "tensor", tensors);
+  TORCH_CHECK_VALUE(key < StalenessEngine::kIdentityKeyBase, "delaycomm: stale_allreduce: key must be < 2^40, got ",
+                    key);
   c10d::AllreduceOptions opts;
   opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
-  if (!stale_ || !staleEligible(tensors, opts)) {
+  if (!staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
     if (average && tensor.is_cpu()) {  // Gloo has no AVG: SUM, then divide (as DDP does)
       tensor.div_(getSize());
       opts.reduceOp = c10d::ReduceOp::SUM;
@@ -207,7 +218,6 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, 
     return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
                [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
   }
-  TORCH_CHECK_VALUE(key < (uint64_t{1} << 40), "delaycomm: stale_allreduce: key must be < 2^40, got ", key);
   return runStale(tensor, key, average, opts);
 }
 

@@ -37,7 +37,7 @@ struct BackendOptions {
   uint64_t seed = 0;
   double slowdown = 1.0;               // this rank's compute slowdown factor K (>= 1; 1 = none)
 
-  // Staleness (SPEC §5; stale/StalenessEngine.hpp). staleness: "bsp" (engine off), "ssp", "asp".
+  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp). staleness: "bsp" (engine off), "ssp", "asp".
   std::string staleness = "bsp";
   int64_t staleBound = 0;
   std::string stalePolicy = "ema";
@@ -45,6 +45,7 @@ struct BackendOptions {
   double stepMs = 0.0;  // <= 0: calibrated
   int64_t maxPending = 64;
   c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration)
+  // The engine's SSP gate wait and step agreement are bounded by `timeout` above (docs/staleness.md).
 };
 
 // DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
@@ -164,7 +165,8 @@ class DelayBackend : public c10d::Backend {
   // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
   c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
                                           const c10d::AllreduceOptions& opts);
-  bool staleEligible(const std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) const;
+  // Whether reduction `op` of `tensors` goes through the staleness engine (see DelayBackend.cpp).
+  bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,

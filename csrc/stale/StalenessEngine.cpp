@@ -1,3 +1,6 @@
+// The staleness engine (stale/StalenessEngine.hpp): one step and flush. Keys and step_ms=auto are in
+// stale/Streams.cpp. Design notes: docs/staleness.md.
+
 #include "stale/StalenessEngine.hpp"
 
 #include <algorithm>
@@ -13,19 +16,26 @@
 namespace delaycomm {
 
 namespace {
-constexpr const char* kStepKey = "delaycomm/stale/step_ns";
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+// ceil(d / step) for d, step > 0, without the overflow of (d + step - 1) / step near INT64_MAX.
+int64_t stepsOf(int64_t d, int64_t stepNs) {
+  return d / stepNs + (d % stepNs != 0 ? 1 : 0);
 }
+
+std::string msText(int64_t ns) {
+  std::ostringstream s;
+  s.precision(ns >= 1000000000 ? 6 : 3);
+  s << static_cast<double>(ns) * 1e-6;
+  return s.str();
+}
+
 }  // namespace
 
 StalenessEngine::StalenessEngine(int rank, int size, Options options, const DelaySchedule* schedule,
                                  c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<GroupStats> stats)
     : rank_(rank),
       size_(size),
-      options_(options),
+      options_(std::move(options)),
       schedule_(schedule),
       store_(std::move(store)),
       stats_(std::move(stats)) {
@@ -35,116 +45,203 @@ StalenessEngine::StalenessEngine(int rank, int size, Options options, const Dela
                     "delaycomm: StalenessEngine: ema_alpha must be in (0, 1], got ", options_.alpha);
   TORCH_CHECK_VALUE(options_.maxPending >= 1, "delaycomm: StalenessEngine: max_pending must be >= 1, got ",
                     options_.maxPending);
+  TORCH_CHECK_VALUE(options_.calibrationSteps >= 1, "delaycomm: StalenessEngine: calibrationSteps must be >= 1, got ",
+                    options_.calibrationSteps);
+  TORCH_CHECK_VALUE(options_.maxKeys >= 1, "delaycomm: StalenessEngine: maxKeys must be >= 1, got ",
+                    options_.maxKeys);
+  TORCH_CHECK_VALUE(options_.timeout.count() > 0, "delaycomm: StalenessEngine: timeout must be > 0 ms, got ",
+                    options_.timeout.count());
+  TORCH_CHECK_VALUE(std::isfinite(options_.stepMs) && options_.stepMs < 9.2e12,
+                    "delaycomm: StalenessEngine: step_ms must be a finite number of milliseconds below 9.2e12 "
+                    "(it is held in int64 nanoseconds), got ", options_.stepMs);
   if (options_.stepMs > 0.0) {
     stepNs_ = std::max<int64_t>(1, static_cast<int64_t>(std::llround(options_.stepMs * 1e6)));
+    source_.kind = StepSource::Kind::kConfigured;
+    source_.stepNs = stepNs_;
   }
 }
 
-uint64_t StalenessEngine::keyOf(const at::Tensor& t) {
-  std::ostringstream id;
-  id << t.data_ptr() << '/' << t.numel() << '/' << t.scalar_type() << '/' << t.device();
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto [it, inserted] = identityKeys_.try_emplace(id.str(), nextIdentityKey_);
-  if (inserted) {
-    ++nextIdentityKey_;
-  }
-  return it->second;
-}
+// ---------------------------------------------------------------------------------------------------------------
+// One step
 
-int64_t StalenessEngine::stepNsLocked(KeyState& ks, uint64_t key) {
-  if (stepNs_ > 0) {
-    return stepNs_;
-  }
-  // Calibrate on the first key seen a second time: intervals between its consecutive steps.
-  if (calibrationKey_ < 0 && ks.step >= 1) {
-    calibrationKey_ = static_cast<int64_t>(key);
-    lastCalibrationCall_ = std::chrono::steady_clock::now();
-    return 0;
-  }
-  if (calibrationKey_ != static_cast<int64_t>(key)) {
-    return 0;
-  }
-  const auto now = std::chrono::steady_clock::now();
-  calibrationIntervals_.push_back(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(now - lastCalibrationCall_).count());
-  lastCalibrationCall_ = now;
-  if (static_cast<int64_t>(calibrationIntervals_.size()) < options_.calibrationSteps) {
-    return 0;
-  }
-  // Every rank reaches this step of this key (same call order); rank 0's median is the group's step.
-  if (rank_ == 0) {
-    auto v = calibrationIntervals_;
-    std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-    const std::string text = std::to_string(std::max<int64_t>(1, v[v.size() / 2]));
-    store_->set(kStepKey, std::vector<uint8_t>(text.begin(), text.end()));
-  }
-  const auto bytes = store_->get(kStepKey);
-  stepNs_ = std::stoll(std::string(bytes.begin(), bytes.end()));
-  return stepNs_;
-}
-
-StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, bool average) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  KeyState& ks = keys_[key];
-  if (!ks.prototype.defined()) {
-    ks.prototype = at::empty({0}, t.options());
-  }
-  ks.numel = t.numel();
-  StepInfo info;
-  info.key = key;
-  info.step = ks.step;
-  const uint64_t step = ks.step++;
-  ks.seen++;
-  const int64_t stepNs = stepNsLocked(ks, key);
+StalenessEngine::Plan StalenessEngine::planLocked(uint64_t key, uint64_t step, int64_t stepNs) const {
+  Plan plan;
+  plan.k.assign(static_cast<size_t>(size_), 0);
+  plan.waitNs.assign(static_cast<size_t>(size_), 0);
+  plan.delayNs.assign(static_cast<size_t>(size_), 0);
   // No deferral on a key's first step (DDP's bucket rebuild) nor before the step time is known.
   const bool canDefer = step >= 1 && stepNs > 0 && schedule_ != nullptr && schedule_->active();
-
-  int64_t myK = 0;
-  int64_t myWaitNs = 0;
-  int64_t nFresh = 0;
   for (int r = 0; r < size_; ++r) {
     int64_t k = 0;
-    int64_t waitNs = 0;
     if (canDefer) {
       const int64_t d = schedule_->delayNs(r, DelaySchedule::keyStream(key), step);
+      plan.delayNs[static_cast<size_t>(r)] = d;
       if (d > 0) {
-        k = (d + stepNs - 1) / stepNs;
+        k = stepsOf(d, stepNs);
         if (options_.mode == Mode::kSsp && k > options_.bound) {
-          waitNs = d - options_.bound * stepNs;
+          // k > S means d > S * step, so the product does not overflow.
+          plan.waitNs[static_cast<size_t>(r)] = d - options_.bound * stepNs;
           k = options_.bound;
         }
       }
     }
+    plan.k[static_cast<size_t>(r)] = k;
     if (k == 0) {
-      ++nFresh;
-    } else {
-      ks.arrivals[step + static_cast<uint64_t>(k)] += 1;
-      ks.arrivalStaleness[step + static_cast<uint64_t>(k)].push_back(k);
-    }
-    if (r == rank_) {
-      myK = k;
-      myWaitNs = waitNs;
+      ++plan.nFresh;
     }
   }
-  int64_t nStale = 0;
+  return plan;
+}
+
+// asp: a late contribution beyond max_pending in flight for its rank. Computed for every rank from the shared
+// schedule, so every rank raises the same error at the same step, before any state changes.
+void StalenessEngine::checkPendingLocked(const KeyState& ks, uint64_t key, uint64_t step, const Plan& plan) const {
+  if (options_.mode != Mode::kAsp || options_.policy == Policy::kDrop) {
+    return;
+  }
+  std::vector<int64_t> dueNow(static_cast<size_t>(size_), 0);
   if (auto it = ks.arrivals.find(step); it != ks.arrivals.end()) {
-    nStale = it->second;
+    for (const auto& a : it->second) {
+      ++dueNow[static_cast<size_t>(a.rank)];
+    }
+  }
+  for (int r = 0; r < size_; ++r) {
+    const auto i = static_cast<size_t>(r);
+    if (plan.k[i] > 0 && ks.pendingOf[i] - dueNow[i] >= options_.maxPending) {
+      TORCH_CHECK(false, "delaycomm: stale all_reduce on group '", options_.groupName, "': at step ", step, " of ",
+                  describeKeyLocked(key), ", rank ", r, "'s contribution is late again while it already has ",
+                  ks.pendingOf[i] - dueNow[i], " in flight: staleness=asp holds at most max_pending=",
+                  options_.maxPending, " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the "
+                  "delay or delay_fraction, or bound staleness with staleness=ssp:S. Every rank raises this error "
+                  "at this step; nothing of the step was applied");
+    }
+  }
+}
+
+void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const Plan& plan,
+                                       int64_t stepNs) const {
+  const auto i = static_cast<size_t>(late);
+  // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
+  C10_THROW_ERROR(
+      DistBackendError,
+      c10::str("delaycomm: allreduce (step ", step, " of ", describeKeyLocked(key), ", group '", options_.groupName,
+               "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
+               " ms (the group's timeout): rank ", late, "'s contribution is held back by an injected delay of ",
+               msText(plan.delayNs[i]), " ms, of which ", options_.bound, " step(s) of staleness (step ",
+               msText(stepNs), " ms) cover ", msText(options_.bound * stepNs), " ms and ", msText(plan.waitNs[i]),
+               " ms are paid as waiting; a delay longer than the timeout is a timeout"));
+}
+
+StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, bool average) {
+  std::vector<std::string> warnings;
+  auto emitWarnings = [&] {
+    if (onWarn) {
+      for (const auto& w : warnings) {
+        onWarn(w);
+      }
+    }
+    warnings.clear();
+  };
+  std::unique_lock<std::mutex> lock(mutex_);
+  ++calls_;
+  std::string warning;
+  touchLocked(key, t);
+  evictLocked(&warning);
+  int64_t stepNs = stepNs_;
+  if (stepNs == 0) {
+    auto proposal = calibrationLocked(keys_.at(key), key, &warning);
+    if (proposal) {
+      lock.unlock();
+      if (!warning.empty()) {
+        warnings.push_back(std::move(warning));
+        warning.clear();
+        emitWarnings();
+      }
+      int64_t agreed = 0;
+      try {
+        agreed = agreeOnStep(*proposal);
+      } catch (...) {
+        lock.lock();
+        calibrating_ = false;
+        throw;
+      }
+      lock.lock();
+      stepNs_ = agreed;
+      calibrating_ = false;
+      source_ = StepSource{StepSource::Kind::kCalibrated, agreed, proposal->keyText, proposal->intervals,
+                           proposal->call};
+      stepNs = agreed;
+    }
+  }
+  if (!warning.empty()) {
+    warnings.push_back(std::move(warning));
+  }
+  // Re-find: the lock may have been released above.
+  KeyState& ks = touchLocked(key, t);
+  const uint64_t step = ks.step;
+
+  // Checks first: each raises on every rank alike, before this step changes anything.
+  if (options_.policy != Policy::kDrop && !ks.arrivals.empty()) {
+    TORCH_CHECK_VALUE(t.numel() == ks.numel && t.scalar_type() == ks.prototype.scalar_type(),
+                      "delaycomm: stale all_reduce: ", describeKeyLocked(key), " changed from ", ks.numel, " x ",
+                      ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
+                      " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
+                      "delaycomm.stale_allreduce(key=...))");
+  }
+  const Plan plan = planLocked(key, step, stepNs);
+  const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.timeout).count();
+  int late = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (plan.waitNs[static_cast<size_t>(r)] > timeoutNs &&
+        (late < 0 || plan.waitNs[static_cast<size_t>(r)] > plan.waitNs[static_cast<size_t>(late)])) {
+      late = r;
+    }
+  }
+  if (late >= 0) {
+    // Every rank waits out the timeout (the late rank at the gate, the others as they would in the collective)
+    // and raises the same error; no rank issues the reduction, so the inner group stays in step.
+    lock.unlock();
+    emitWarnings();
+    std::this_thread::sleep_for(options_.timeout);
+    lock.lock();
+    throwGateTimeout(key, step, late, plan, stepNs);
+  }
+  checkPendingLocked(ks, key, step, plan);
+
+  // The step.
+  ks.step++;
+  ks.seen++;
+  ks.average = average;
+  ks.numel = t.numel();
+  if (ks.prototype.scalar_type() != t.scalar_type() || ks.prototype.device() != t.device()) {
+    ks.prototype = at::empty({0}, t.options());
+  }
+  for (int r = 0; r < size_; ++r) {
+    const int64_t k = plan.k[static_cast<size_t>(r)];
+    if (k > 0) {
+      ks.arrivals[step + static_cast<uint64_t>(k)].push_back(Arrival{r, k});
+      if (options_.policy != Policy::kDrop) {
+        ++ks.pendingOf[static_cast<size_t>(r)];
+      }
+    }
+  }
+  std::vector<Arrival> arriving;
+  if (auto it = ks.arrivals.find(step); it != ks.arrivals.end()) {
+    arriving = std::move(it->second);
     ks.arrivals.erase(it);
   }
-  std::vector<int64_t> staleness;
-  if (auto it = ks.arrivalStaleness.find(step); it != ks.arrivalStaleness.end()) {
-    staleness = std::move(it->second);
-    ks.arrivalStaleness.erase(it);
+  const int64_t nStale = static_cast<int64_t>(arriving.size());
+  const int64_t nFresh = plan.nFresh;
+  if (options_.policy != Policy::kDrop) {
+    for (const auto& a : arriving) {
+      --ks.pendingOf[static_cast<size_t>(a.rank)];
+    }
   }
 
   // This rank's own due contributions.
   std::vector<at::Tensor> due;
   for (auto it = ks.mine.begin(); it != ks.mine.end();) {
     if (it->due == step) {
-      TORCH_CHECK_VALUE(it->tensor.numel() == t.numel() && it->tensor.scalar_type() == t.scalar_type(),
-                        "delaycomm: stale all_reduce: key ", key, " changed from ", it->tensor.numel(), " ",
-                        it->tensor.scalar_type(), " elements to ", t.numel(), " ", t.scalar_type(),
-                        " while a contribution was pending; give each stream its own key (delaycomm.ddp_hook)");
       due.push_back(std::move(it->tensor));
       it = ks.mine.erase(it);
     } else {
@@ -152,6 +249,8 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
     }
   }
 
+  const int64_t myK = plan.k[static_cast<size_t>(rank_)];
+  const int64_t myWaitNs = plan.waitNs[static_cast<size_t>(rank_)];
   const double n = static_cast<double>(size_);
   const double avg = average ? 1.0 / n : 1.0;
   const bool fresh = myK == 0;
@@ -184,12 +283,6 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
 
   std::optional<at::Tensor> stash;
   if (!fresh && options_.policy != Policy::kDrop) {
-    if (options_.mode == Mode::kAsp) {
-      TORCH_CHECK(static_cast<int64_t>(ks.mine.size()) < options_.maxPending, "delaycomm: stale all_reduce: key ",
-                  key, " already holds max_pending=", options_.maxPending,
-                  " deferred contributions on rank ", rank_, " under asp; raise max_pending (DELAYCOMM_MAX_PENDING), "
-                  "lower the delay, or bound staleness with staleness=ssp:S");
-    }
     stash = at::empty_like(t, at::MemoryFormat::Contiguous);
     ks.mine.push_back(Pending{step + static_cast<uint64_t>(myK), step, *stash});
   }
@@ -203,33 +296,34 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
     st.dropped.fetch_add(static_cast<uint64_t>(nStale), std::memory_order_relaxed);
   } else {
     st.stale.fetch_add(static_cast<uint64_t>(nStale), std::memory_order_relaxed);
-    for (auto k : staleness) {
-      st.stalenessSteps.record(static_cast<double>(k));
+    for (const auto& arrival : arriving) {
+      st.stalenessSteps.record(static_cast<double>(arrival.staleness));
     }
   }
   recordWindow(nFresh, options_.policy == Policy::kDrop ? 0 : nStale);
-  std::string warning;
-  if (!warned_ && static_cast<int64_t>(window_.size()) >= std::min<int64_t>(options_.window, 20) &&
-      windowedRatio() > options_.warnRatio) {
-    warned_ = true;
+  if (!warnedRatio_ && static_cast<int64_t>(window_.size()) >= std::min<int64_t>(options_.window, 20) &&
+      windowedRatioLocked() > options_.warnRatio) {
+    warnedRatio_ = true;
     std::ostringstream msg;
-    msg << "delaycomm: the stale:fresh ratio over the last " << window_.size() << " steps is " << windowedRatio()
+    msg << "delaycomm: the stale:fresh ratio over the last " << window_.size() << " steps is " << windowedRatioLocked()
         << " (> " << options_.warnRatio << "): stale gradients dominate the updates. Lower delay_fraction "
         << "(DELAYCOMM_DELAY_FRACTION) or the delay, raise step_ms, or bound staleness with a smaller staleness=ssp:S";
-    warning = msg.str();
+    warnings.push_back(msg.str());
   }
 
+  StepInfo info;
+  info.key = key;
+  info.step = step;
   info.nFresh = nFresh;
   info.nStale = nStale;
   info.mineFresh = fresh;
   info.mineDue = static_cast<int64_t>(due.size());
   info.freshScale = a;
   lock.unlock();
-  if (!warning.empty() && onWarn) {
-    onWarn(warning);
-  }
+  emitWarnings();
   if (myWaitNs > 0) {
-    // SSP gate: the delay beyond S steps is paid in wall clock before this rank joins the step.
+    // SSP gate: the delay beyond S steps is paid in wall clock before this rank joins the step (at most the
+    // group's timeout: longer waits raised above).
     std::this_thread::sleep_for(std::chrono::nanoseconds(myWaitNs));
     st.blockedNs.fetch_add(static_cast<uint64_t>(myWaitNs), std::memory_order_relaxed);
     info.blockedNs = myWaitNs;
@@ -249,42 +343,52 @@ void StalenessEngine::recordWindow(int64_t nFresh, int64_t nStale) {
 }
 
 double StalenessEngine::windowedRatio() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return windowedRatioLocked();
+}
+
+double StalenessEngine::windowedRatioLocked() const {
   if (windowFresh_ == 0) {
     return windowStale_ > 0 ? INFINITY : 0.0;
   }
   return static_cast<double>(windowStale_) / static_cast<double>(windowFresh_);
 }
 
+// ---------------------------------------------------------------------------------------------------------------
+// flush (docs/staleness.md, "flush")
+
 std::vector<std::pair<uint64_t, at::Tensor>> StalenessEngine::takeFlush() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<std::pair<uint64_t, at::Tensor>> out;
+  auto& st = stats_->staleness();
   for (auto& [key, ks] : keys_) {
     int64_t global = 0;
-    for (const auto& [step, count] : ks.arrivals) {
-      global += count;
+    for (const auto& [step, list] : ks.arrivals) {
+      global += static_cast<int64_t>(list.size());
     }
     if (global == 0) {
       continue;
     }
-    at::Tensor local;
+    ks.arrivals.clear();
+    std::fill(ks.pendingOf.begin(), ks.pendingOf.end(), 0);
+    if (options_.policy == Policy::kDrop) {
+      st.dropped.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
+      continue;
+    }
     std::vector<at::Tensor> mine;
     for (auto& p : ks.mine) {
       mine.push_back(std::move(p.tensor));
     }
-    TORCH_CHECK(!mine.empty() || ks.prototype.defined(), "delaycomm: flush: key ", key, " has no shape");
-    const double scale = options_.policy == Policy::kEma ? static_cast<double>(size_) / static_cast<double>(global)
-                                                         : 1.0;
-    if (!mine.empty()) {
-      local = at::empty_like(mine[0]);
-    } else {
-      local = at::empty({ks.numel}, ks.prototype.options());
+    ks.mine.clear();
+    // As the policy delivers due contributions when no fresh one is present, and as the stream averages.
+    double scale = options_.policy == Policy::kEma ? static_cast<double>(size_) / static_cast<double>(global) : 1.0;
+    if (ks.average) {
+      scale /= static_cast<double>(size_);
     }
+    at::Tensor local = mine.empty() ? at::empty({ks.numel}, ks.prototype.options()) : at::empty_like(mine[0]);
     std::vector<double> scales(mine.size(), scale);
     kernels::fusedBlend(local, 0.0, mine, scales, std::nullopt);
-    stats_->staleness().stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
-    ks.arrivals.clear();
-    ks.arrivalStaleness.clear();
-    ks.mine.clear();
+    st.stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
     out.emplace_back(key, std::move(local));
   }
   return out;
@@ -303,8 +407,8 @@ int64_t StalenessEngine::pendingGlobal() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t n = 0;
   for (const auto& [key, ks] : keys_) {
-    for (const auto& [step, count] : ks.arrivals) {
-      n += count;
+    for (const auto& [step, list] : ks.arrivals) {
+      n += static_cast<int64_t>(list.size());
     }
   }
   return n;

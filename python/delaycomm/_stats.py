@@ -113,7 +113,20 @@ def format_table(data: dict[str, Any]) -> str:
                 steps=st["steps"], fresh=st["fresh"], stale=st["stale"], dropped=st["dropped"],
                 r=st["stale_fresh_ratio"], b=st["blocked_ms"], p50=st["staleness"]["p50"],
                 p99=st["staleness"]["p99"], mx=st["staleness"]["max"]))
+        lines.append("# staleness " + _step_text(st))
     return "\n".join(lines)
+
+
+def _step_text(st: dict[str, Any]) -> str:
+    """Where the staleness engine's step time came from, for the report (docs/staleness.md, "Calibration")."""
+    source = st.get("step_source")
+    if source == "step_ms":
+        return f"step: {st['step_ms']:.3f} ms (step_ms)"
+    if source == "calibrated":
+        return (f"step: {st['step_ms']:.3f} ms (step_ms=auto: median of {st['step_intervals']} intervals of "
+                f"{st['step_key']} on rank 0, agreed at all-reduce #{st['step_call']})")
+    return "step: not calibrated yet (step_ms=auto; nothing is deferred until a stream recurs)"
+
 
 
 def report(group=None) -> str:

@@ -1,11 +1,7 @@
-"""Bounded staleness from Python: explicit keys, the DDP comm hook, and flush (SPEC §5).
+"""Bounded staleness from Python: explicit keys, the DDP comm hook, and flush (docs/staleness.md).
 
 The math lives in the native StalenessEngine (csrc/stale/); these functions only find the group's backend.
 """
-
-
-
-
 
 import torch
 import torch.distributed as dist
@@ -36,6 +32,9 @@ def stale_allreduce(tensor: torch.Tensor, key: int, group=None, average: bool = 
 
     Raises:
         ValueError: not a delaycomm group, a bad key or tensor.
+        RuntimeError: under ``asp``, a late contribution beyond ``max_pending`` (raised on every rank alike).
+        torch.distributed.DistBackendError: the SSP gate wait (the delay beyond S steps) exceeds the group's
+            timeout, or the ranks could not agree on ``step_ms=auto`` within it.
     """
     if isinstance(key, bool) or not isinstance(key, int) or key < 0:
         raise ValueError(f"delaycomm: stale_allreduce: key must be an integer in [0, 2^40), got {key!r}")
@@ -73,9 +72,7 @@ def flush(group=None) -> dict[int, torch.Tensor]:
 
     Returns:
         ``{key: delivered sum}`` for each key that had anything pending on any rank (what the next steps would
-        have added); empty under ``bsp`` or when nothing is pending.
+        have added, scaled as the stream is: divided by the group size for AVG streams such as ``ddp_hook``'s);
+        empty under ``bsp``, under ``stale_policy=drop`` (nothing is kept) or when nothing is pending.
     """
     return dict(_backend(group).flush())
-
-
-
