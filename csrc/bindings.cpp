@@ -213,8 +213,9 @@ void bindDelay(py::module_& m) {
   m.def(
       "sleep_precise",
       [](double seconds) {
-        if (!(seconds >= 0.0) || !std::isfinite(seconds)) {
-          throw std::invalid_argument("delaycomm: sleep_precise: seconds must be a finite number >= 0, got " +
+        // NOTE: the bound keeps seconds x 1e9 in int64 nanoseconds (llround of more is undefined).
+        if (!(seconds >= 0.0) || !(seconds <= 9.0e9)) {
+          throw std::invalid_argument("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got " +
                                       std::to_string(seconds));
         }
         py::gil_scoped_release release;

@@ -69,9 +69,10 @@ bool HostSleeper::closed() const {
 // IssuerThread
 
 IssuerThread::IssuerThread(std::string name) : name_(std::move(name)), state_(std::make_shared<State>()) {
+  const std::string threadName = name_.substr(0, 15);  // before the thread exists: nothing may throw after
   // NOTE: the thread owns a reference to the state, never to this object (see stop()).
   thread_ = std::thread([s = state_] { loop(s); });
-  pthread_setname_np(thread_.native_handle(), name_.substr(0, 15).c_str());
+  pthread_setname_np(thread_.native_handle(), threadName.c_str());
 }
 
 IssuerThread::~IssuerThread() { stop(); }
