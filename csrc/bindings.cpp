@@ -215,8 +215,8 @@ void bindDelay(py::module_& m) {
       [](double seconds) {
         // NOTE: the bound keeps seconds x 1e9 in int64 nanoseconds (llround of more is undefined).
         if (!(seconds >= 0.0) || !(seconds <= 9.0e9)) {
-          throw std::invalid_argument("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got " +
-                                      std::to_string(seconds));
+          throw std::invalid_argument(c10::str("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got ",
+                                               seconds));
         }
         py::gil_scoped_release release;
         sleepForPrecise(std::chrono::nanoseconds(static_cast<int64_t>(std::llround(seconds * 1e9))));
