@@ -85,6 +85,9 @@ def ddp_timeout(rank, world_size, init_method, timeout_s=3.0):
         ddp(torch.randn(4, 8)).sum().backward()
 
     out = _outcome(step)
+    # destroy issues rank 0's held op: wait until rank 1 has surely timed out, or that op could still complete
+    # rank 1's all-reduce just in time.
+    time.sleep(timeout_s + 1.0)
     dist.destroy_process_group()
     return out
 
