@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
+#include <c10/util/Logging.h>
 
 #include "backend/DelayBackend.hpp"
 #include "delay/DelaySpec.hpp"
@@ -31,6 +32,31 @@ namespace py = pybind11;
 using namespace delaycomm;
 
 namespace {
+
+// Whether this thread may take the GIL: Python is up and not finalizing. During finalization a thread other than
+// the main one that takes the GIL is ended by pthread_exit (Python's rule); the forced unwind through a destructor
+// or any noexcept frame then aborts the process ("terminate called without an active exception"). So C++ callers
+// that may run late (hooks called from shutdown or from a destructor, on any thread) check this first.
+bool pythonUsable() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// A Python callable kept by C++ (a hook), shared by the copies of the std::function that calls it. It is released
+// with the GIL held by whichever thread drops it last, or leaked when that happens during interpreter exit (see
+// pythonUsable(); the interpreter frees it anyway).
+std::shared_ptr<py::function> holdPyFunction(py::function fn) {
+  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+    if (!pythonUsable()) {
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    delete f;
+  });
+}
 
 const double kPercentiles[] = {0.5, 0.9, 0.99, 0.999};
 const char* kPercentileNames[] = {"p50", "p90", "p99", "p999"};
@@ -208,9 +234,10 @@ void bindDelay(py::module_& m) {
   m.def(
       "sleep_precise",
       [](double seconds) {
-        if (!(seconds >= 0.0) || !std::isfinite(seconds)) {
-          throw std::invalid_argument("delaycomm: sleep_precise: seconds must be a finite number >= 0, got " +
-                                      std::to_string(seconds));
+        // NOTE: the bound keeps seconds x 1e9 in int64 nanoseconds (llround of more is undefined).
+        if (!(seconds >= 0.0) || !(seconds <= 9.0e9)) {
+          throw std::invalid_argument(c10::str("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got ",
+                                               seconds));
         }
         py::gil_scoped_release release;
         sleepForPrecise(std::chrono::nanoseconds(static_cast<int64_t>(std::llround(seconds * 1e9))));
@@ -422,13 +449,12 @@ PYBIND11_MODULE(_C, m) {
             if (!e) {
               return;
             }
-            auto holder = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
-              if (Py_IsInitialized()) {
-                py::gil_scoped_acquire gil;
-                delete f;
-              }
-            });
+            auto holder = holdPyFunction(std::move(fn));
             e->onWarn = [holder](const std::string& msg) {
+              if (!pythonUsable()) {
+                LOG(WARNING) << msg;  // interpreter exit: no Python to warn through
+                return;
+              }
               py::gil_scoped_acquire gil;
               try {
                 (*holder)(msg);
@@ -441,14 +467,13 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "_set_shutdown_hook",
           [](DelayBackend& self, py::function fn) {
-            // The py::function must be destroyed with the GIL held, whichever thread drops the last copy.
-            auto holder = std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
-              if (Py_IsInitialized()) {
-                py::gil_scoped_acquire gil;
-                delete f;
-              }
-            });
+            auto holder = holdPyFunction(std::move(fn));
             self.setShutdownHook([holder] {
+              if (!pythonUsable()) {
+                LOG(WARNING) << "delaycomm: a group shut down at interpreter exit: its shutdown hook (the stats "
+                                "file) did not run; call destroy_process_group() before exit";
+                return;
+              }
               py::gil_scoped_acquire gil;
               (*holder)();
             });

@@ -125,6 +125,10 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
 }
 
 DelayBackend::~DelayBackend() {
+  // shutdown() did this already unless the group was never destroyed (interpreter exit): wake the host sleepers,
+  // issue what is held back and join the issuer thread (IssuerThread::stop() is safe from any thread, itself
+  // included), so that no thread of this group outlives it.
+  hostSleeper_.close();
   if (issuer_) {
     issuer_->stop();
   }
@@ -436,10 +440,12 @@ uint64_t DelayBackend::getSequenceNumberForGroup() {
 }
 
 void DelayBackend::abort() {
+  hostSleeper_.close();  // callers sleeping in a host delay or slowdown raise (the op is not issued)
   if (issuer_) {
     issuer_->cancelAll(std::make_exception_ptr(c10::DistBackendError(
         {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        "delaycomm: the group was aborted while this op was held back by an injected delay")));
+        "delaycomm: the group was aborted while this op was held back by an injected delay; the op was not issued")));
+    issuer_->stop();  // nothing is left to issue: joins the thread
   }
   if (cpuInner_) {
     cpuInner_->abort();
@@ -476,8 +482,12 @@ void DelayBackend::shutdown() {
                    << "delaycomm.flush(group) before destroy_process_group to deliver them.";
     }
   }
+  // Never wait out a delay: callers sleeping in a host delay or slowdown wake and raise (their ops are not issued);
+  // the ops the issuer holds back are issued now, in order (every rank issues the same sequence), and the issuer
+  // thread is joined before the inner backends shut down.
+  hostSleeper_.close();
   if (issuer_) {
-    issuer_->stop();  // issues every held-back op now, in order, so that every rank issues the same sequence
+    issuer_->stop();
   }
   if (cpuInner_) {
     cpuInner_->shutdown();
@@ -490,19 +500,15 @@ void DelayBackend::shutdown() {
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry
 
-void DelayBackend::recordCudaPair(OpKind op, c10::Event start, c10::Event end) {
-  std::lock_guard<std::mutex> lock(cudaMutex_);
-  cudaPending_.push_back(CudaPair{op, std::move(start), std::move(end)});
-}
-
 void DelayBackend::harvestCudaTimings() {
-  std::lock_guard<std::mutex> lock(cudaMutex_);
+  std::lock_guard<std::mutex> lock(cudaTimings_->mutex);
+  auto& pending = cudaTimings_->pending;
   // Events complete in stream order per stream; stop at the first that has not (never block).
-  while (!cudaPending_.empty() && cudaPending_.front().end.query()) {
-    auto& p = cudaPending_.front();
+  while (!pending.empty() && pending.front().end.query()) {
+    auto& p = pending.front();
     const double ms = p.start.elapsedTime(p.end);
     stats_->op(p.op).latencyNs.record(ms * 1e6);
-    cudaPending_.pop_front();
+    pending.pop_front();
   }
 }
 

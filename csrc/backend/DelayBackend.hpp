@@ -64,8 +64,15 @@ struct BackendOptions {
 //    kernel before the collective (delay/GpuDelay.hpp); the host never blocks. host: the calling thread sleeps
 //    before issuing. Slowdown K: before each op the caller sleeps (K - 1) x the time since its previous op
 //    returned.
-//  - shutdown() issues every held-back op at once (in order) and joins the issuer thread before the inner
-//    backends shut down; abort() fails the held-back ops instead.
+//  - Timeouts: every wait that delaycomm adds is bounded by the group's timeout (options.timeout) and ends in the
+//    timeout error of delay/DelayTimeout.hpp: the host delay and the slowdown on the calling thread (the call
+//    raises), an op held back by the issuer thread (its work and future fail), the GPU sleep kernel (capped, see
+//    delay/GpuDelay.hpp).
+//  - Lifecycle: shutdown() (destroy_process_group) wakes every caller sleeping in a host delay or slowdown (their
+//    calls raise: the op was not issued), issues every held-back op at once (in order) and joins the issuer
+//    thread, all before the inner backends shut down; it never waits out a delay. abort() fails the held-back ops
+//    instead. The destructor does what shutdown() does when shutdown() did not run (interpreter exit without
+//    destroy_process_group), and may run on any thread, the issuer thread included.
 class DelayBackend : public c10d::Backend {
  public:
   DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
@@ -171,8 +178,12 @@ class DelayBackend : public c10d::Backend {
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,
                                          bool countErrors);
-  void applySlowdown();
-  void recordCudaPair(OpKind op, c10::Event start, c10::Event end);
+  // Slowdown K: sleeps (K - 1) x the time since the previous op returned, on hostSleeper_, until `deadline` at
+  // most (then raises the timeout error).
+  void applySlowdown(OpKind op, uint64_t seq, Clock::time_point deadline);
+  // Raises "the group was shut down while this call was held back by <what>" when a host sleep woke kClosed.
+  void throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const;
+
 
   const c10::intrusive_ptr<c10d::Backend> cpuInner_;
   const c10::intrusive_ptr<c10d::Backend> cudaInner_;
@@ -183,6 +194,7 @@ class DelayBackend : public c10d::Backend {
   std::unique_ptr<StalenessEngine> stale_;
   std::array<bool, kNumOpKinds> delayOp_{};
   std::unique_ptr<IssuerThread> issuer_;  // CPU network delay only
+  HostSleeper hostSleeper_;               // host delay and slowdown; closed by shutdown() and abort()
   std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
   std::mutex hookMutex_;
   std::function<void()> shutdownHook_;
@@ -197,8 +209,13 @@ class DelayBackend : public c10d::Backend {
     c10::Event start;
     c10::Event end;
   };
-  std::mutex cudaMutex_;
-  std::deque<CudaPair> cudaPending_;
+  // GPU event pairs waiting to be harvested. Shared with the works' harvest callbacks (DelayWorkCuda), which hold
+  // it weakly: a work waited for after its group was destroyed must not reach into a freed backend.
+  struct CudaTimings {
+    std::mutex mutex;
+    std::deque<CudaPair> pending;
+  };
+  const std::shared_ptr<CudaTimings> cudaTimings_ = std::make_shared<CudaTimings>();
 };
 
 }  // namespace delaycomm

@@ -2,11 +2,13 @@
 // The op methods (DelayBackend.cpp) check their arguments and call run().
 
 #include <algorithm>
+#include <cxxabi.h>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include "backend/DelayBackend.hpp"
+#include "delay/DelayTimeout.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
 #include "delay/GpuDelay.hpp"
 #endif
@@ -28,20 +30,40 @@ int64_t DelayBackend::delayNsFor(OpKind op, uint64_t seq) const {
   return schedule_->delayNs(getRank(), static_cast<uint64_t>(op), seq);
 }
 
-void DelayBackend::applySlowdown() {
+void DelayBackend::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const {
+  if (woke != HostSleeper::Woke::kClosed) {
+    return;
+  }
+  stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("delaycomm: ", opName(op), " (sequence number ", seq, "): the group was shut down "
+                           "(destroy_process_group or abort) while this call was held back on the calling thread by ",
+                           what, "; the op was not issued"));
+}
+
+void DelayBackend::applySlowdown(OpKind op, uint64_t seq, Clock::time_point deadline) {
   const int64_t last = lastReturnNs_.load(std::memory_order_relaxed);
   if (last < 0) {
     return;  // the first op: nothing measured yet
   }
   const int64_t gap = steadyNowNs() - last;
-  const auto extra = static_cast<int64_t>(static_cast<double>(gap) * (options_.slowdown - 1.0));
-  if (extra <= 0) {
+  // In double: gap x (K - 1) may not fit in int64 (a huge K), and must then saturate, not wrap.
+  const double extra = static_cast<double>(gap) * (options_.slowdown - 1.0);
+  if (!(extra >= 1.0)) {
     return;
   }
-  sleepForPrecise(std::chrono::nanoseconds(extra));
+  const int64_t extraNs = extra >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(extra);
+  const auto woke = hostSleeper_.sleepUntil(addSaturated<Clock>(Clock::now(), extraNs), deadline);
+  const auto what = c10::str("the compute slowdown of ", options_.slowdown, "x (", msOf(extraNs), " ms: ",
+                             options_.slowdown - 1.0, " x the ", msOf(gap), " ms since its previous op returned)");
+  throwIfClosed(woke, op, seq, what.c_str());
+  if (woke == HostSleeper::Woke::kDeadline) {
+    stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
+    throwDelayTimeout(opName(op), seq, "the call", options_.timeout, true, c10::str("held back by ", what));
+  }
   auto& h = stats_->host();
   h.slowdownCalls.fetch_add(1, std::memory_order_relaxed);
-  h.slowdownNs.record(static_cast<double>(extra));
+  h.slowdownNs.record(static_cast<double>(extraNs));
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKind op, c10::Device device,
@@ -71,19 +93,21 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
                                                  std::vector<at::Tensor> outputs, IssueFn issue, bool asyncOp,
                                                  bool applyDelay) {
   c10d::Backend& inner = innerFor(op, device);
+  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  // Every wait this call adds on the calling thread (slowdown, host delay) ends by the group's timeout.
+  const auto callDeadline = addSaturated<Clock>(Clock::now(), options_.timeout);
   const bool slow = options_.slowdown > 1.0;
-  if (slow) {
-    applySlowdown();
-  }
-  // Slowdown measures the time between ops from the moment each returns to its caller.
+  // Slowdown measures the time between ops from the moment each returns to its caller (or fails).
   struct ReturnStamp {
     std::atomic<int64_t>* last;
     ~ReturnStamp() {
       if (last) last->store(steadyNowNs(), std::memory_order_relaxed);
     }
   } stamp{slow ? &lastReturnNs_ : nullptr};
+  if (slow) {
+    applySlowdown(op, seq, callDeadline);
+  }
 
-  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
   auto& s = stats_->op(op);
   s.calls.fetch_add(1, std::memory_order_relaxed);
   s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
@@ -94,7 +118,14 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
     s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
     s.delayNs.record(static_cast<double>(delayNs));
     if (options_.delayOnHost) {
-      sleepForPrecise(std::chrono::nanoseconds(delayNs));
+      const auto woke = hostSleeper_.sleepUntil(addSaturated<Clock>(Clock::now(), delayNs), callDeadline);
+      const auto what = c10::str("an injected delay of ", msOf(delayNs), " ms (delay_where=host)");
+      throwIfClosed(woke, op, seq, what.c_str());
+      if (woke == HostSleeper::Woke::kDeadline) {
+        s.errors.fetch_add(1, std::memory_order_relaxed);
+        throwDelayTimeout(opName(op), seq, "the call", options_.timeout, true,
+                          c10::str("held back on the calling thread by ", what));
+      }
     }
   }
   const int64_t networkDelayNs = options_.delayOnHost ? 0 : delayNs;
@@ -115,7 +146,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (networkDelayNs > 0) {
 #ifdef DELAYCOMM_WITH_CUDA
-      issueWithGpuDelay(device, networkDelayNs, /*joinCurrentStream=*/!asyncOp,
+      issueWithGpuDelay(device, boundedGpuDelayNs(networkDelayNs, options_.timeout), /*joinCurrentStream=*/!asyncOp,
                         [&] { innerWork = issueOn(inner, op, device, issue, true); });
 #else
       TORCH_CHECK(false, "delaycomm: ", opName(op), ": network delay on cuda tensors needs the GPU sleep kernel, "
@@ -130,7 +161,12 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
     }
     auto work = c10::make_intrusive<DelayWorkCuda>(
         std::move(innerWork), op, seq, stats_, std::move(start), device,
-        [this](OpKind k, c10::Event a, c10::Event b) { recordCudaPair(k, std::move(a), std::move(b)); });
+        [timings = std::weak_ptr<CudaTimings>(cudaTimings_)](OpKind k, c10::Event a, c10::Event b) {
+          if (auto t = timings.lock()) {
+            std::lock_guard<std::mutex> lock(t->mutex);
+            t->pending.push_back(CudaPair{k, std::move(a), std::move(b)});
+          }
+        });
     if (coalescing_ && !inner.supportsCoalescing()) {
       coalescedWorks_.push_back(work);
     }
@@ -153,17 +189,21 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
     if (!inlined) {
       c10d::Backend* innerPtr = &inner;
       issuer_->submit(
-          calledAt + std::chrono::nanoseconds(networkDelayNs),
+          addSaturated<Clock>(calledAt, networkDelayNs),
           [this, innerPtr, op, device, issue, work]() mutable {
             try {
               auto w = issueOn(*innerPtr, op, device, issue, false);
               TORCH_CHECK(w, "delaycomm: ", opName(op), ": the inner backend returned no work");
               work->attach(std::move(w));
+            } catch (const abi::__forced_unwind&) {
+              throw;  // the thread is being cancelled or exits (e.g. at interpreter exit): never swallow it
             } catch (...) {
               work->fail(std::current_exception());
             }
           },
-          [work](std::exception_ptr error) { work->fail(error); });
+          [work](std::exception_ptr error) { work->fail(error); },
+          // Still held back at the call time + the group's timeout: the work fails with the timeout error.
+          addSaturated<Clock>(calledAt, options_.timeout), [work] { work->expire(); });
       return work;
     }
     if (!innerWork) {

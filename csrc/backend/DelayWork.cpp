@@ -4,6 +4,8 @@
 #include <c10/util/Exception.h>
 #include <torch/version.h>
 
+#include "delay/DelayTimeout.hpp"
+
 namespace delaycomm {
 
 namespace {
@@ -87,10 +89,10 @@ void DelayWorkCpu::attach(c10::intrusive_ptr<c10d::Work> inner) {
     innerFuture->addCallback([self](c10::ivalue::Future& f) {
       if (f.hasError()) {
         self->recordCompletion(false);
-        self->future_->setErrorIfNeeded(f.exception_ptr());
+        self->settleFuture(c10::IValue(), f.exception_ptr());
       } else {
         self->recordCompletion(true);
-        self->future_->markCompleted(f.value());
+        self->settleFuture(f.value(), nullptr);
       }
     });
   }
@@ -104,16 +106,50 @@ void DelayWorkCpu::fail(std::exception_ptr error) {
   }
   attachedCv_.notify_all();
   recordCompletion(false);
-  future_->setErrorIfNeeded(error);
+  settleFuture(c10::IValue(), error);
+}
+
+std::string DelayWorkCpu::heldBackCause(int64_t heldMs) const {
+  return c10::str("held back by an injected delay of ", msOf(delayNs_),
+                  " ms (or by the ops queued ahead of it) for ", heldMs, " ms since the call");
+}
+
+void DelayWorkCpu::expire() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (attached_ || expired_) {
+      return;
+    }
+    const auto heldMs = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issuedAt_).count();
+    expired_ = delayTimeoutError(opName(op_), seq_, "the op", groupTimeout_, true, heldBackCause(heldMs));
+  }
+  attachedCv_.notify_all();
+  recordCompletion(false);
+  settleFuture(c10::IValue(), expired_);
+}
+
+void DelayWorkCpu::settleFuture(const c10::IValue& value, std::exception_ptr error) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (futureSettled_) {
+      return;
+    }
+    futureSettled_ = true;
+  }
+  if (error) {
+    future_->setError(error);
+  } else {
+    future_->markCompleted(value);
+  }
 }
 
 bool DelayWorkCpu::waitAttached(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
-    attachedCv_.wait(lock, [this] { return attached_; });
+    attachedCv_.wait(lock, [this] { return attached_ || expired_; });
     return true;
   }
-  return attachedCv_.wait_for(lock, timeout, [this] { return attached_; });
+  return attachedCv_.wait_for(lock, timeout, [this] { return attached_ || expired_; });
 }
 
 void DelayWorkCpu::recordCompletion(bool ok) {
@@ -133,7 +169,7 @@ void DelayWorkCpu::recordCompletion(bool ok) {
 
 bool DelayWorkCpu::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (error_) {
+  if (error_ || expired_) {
     return true;
   }
   return attached_ && inner_->isCompleted();
@@ -141,7 +177,7 @@ bool DelayWorkCpu::isCompleted() {
 
 bool DelayWorkCpu::isSuccess() const {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (error_ || !attached_) {
+  if (error_ || expired_ || !attached_) {
     return false;
   }
   return inner_->isSuccess();
@@ -151,6 +187,9 @@ std::exception_ptr DelayWorkCpu::exception() const {
   std::lock_guard<std::mutex> lock(mutex_);
   if (error_) {
     return error_;
+  }
+  if (expired_) {
+    return expired_;
   }
   return attached_ ? inner_->exception() : nullptr;
 }
@@ -164,15 +203,14 @@ int DelayWorkCpu::sourceRank() const {
 void DelayWorkCpu::waitAttachedOrThrow(std::chrono::milliseconds timeout, const char* method) {
   const auto limit = timeout == kNoTimeout ? groupTimeout_ : timeout;
   if (waitAttached(limit)) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (expired_) {
+      std::rethrow_exception(expired_);
+    }
     return;
   }
   const auto heldMs = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - issuedAt_).count();
-  C10_THROW_ERROR(DistBackendError,
-                  c10::str("delaycomm: ", opName(op_), " (sequence number ", seq_, "): ", method, " timed out after ",
-                           limit.count(), " ms (", timeout == kNoTimeout ? "the group's timeout" : "the wait timeout",
-                           "): the op is still held back by an injected delay of ", delayNs_ / 1000000,
-                           " ms (or by the ops queued ahead of it), ", heldMs,
-                           " ms after the call; a delay longer than the timeout is a timeout"));
+  throwDelayTimeout(opName(op_), seq_, method, limit, timeout == kNoTimeout, heldBackCause(heldMs));
 }
 
 std::vector<at::Tensor> DelayWorkCpu::result() {
@@ -215,8 +253,8 @@ bool DelayWorkCpu::wait(std::chrono::milliseconds timeout) {
   }
   if (!innerHasFuture) {
     recordCompletion(ok);
-    if (ok && !future_->completed()) {
-      future_->markCompleted(c10::IValue(outputs_));
+    if (ok) {
+      settleFuture(c10::IValue(outputs_), nullptr);
     }
   }
   return ok;

@@ -25,13 +25,17 @@ using Clock = std::chrono::steady_clock;
 // here unchanged). The own future completes with the inner future's value (the output tensors) or its error.
 //
 // Held back (delay_where=network): wait() without a timeout still waits no longer than the group's timeout for
-// the op to be issued, then raises a timeout error (DistBackendError) naming the injected delay: a delay longer
-// than the timeout is a timeout, never a hang.
+// the op to be issued, then raises a timeout error (DistBackendError, delay/DelayTimeout.hpp) naming the injected
+// delay: a delay longer than the timeout is a timeout, never a hang. The same holds for the future (what DDP
+// waits on): an op still held back at its call time + the group's timeout expires (expire(), from the issuer
+// thread), and the work fails with that error for good (wait(), result(), the future, exception()), although the
+// op itself is still issued at its release time so that every rank issues the same sequence.
 //
 // Inner works without a future (Gloo's send/recv) are timed when wait() returns, and getFuture() reports that
 // the op has none, exactly as the inner backend would.
 //
-// Threads: attach()/fail() are called once, from the issuing thread; every other method from any thread.
+// Threads: attach()/fail() are called once, from the issuing thread; expire() from the issuer thread; every
+// other method from any thread.
 class DelayWorkCpu : public c10d::Work {
  public:
   DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
@@ -43,6 +47,9 @@ class DelayWorkCpu : public c10d::Work {
   void attach(c10::intrusive_ptr<c10d::Work> inner);
   // The op could not be issued (the inner backend threw): the error reaches wait() and the future.
   void fail(std::exception_ptr error);
+  // The op is still held back at its call time + the group's timeout: the work fails with the timeout error (a
+  // no-op once the op was issued). A later attach() is accepted and its outcome ignored.
+  void expire();
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -61,6 +68,10 @@ class DelayWorkCpu : public c10d::Work {
   // waitAttached() bounded by `timeout`, or by the group's timeout when none is given; raises on expiry.
   void waitAttachedOrThrow(std::chrono::milliseconds timeout, const char* method);
   void recordCompletion(bool ok);
+  // Completes the own future once: with `value`, or with `error` when set. Whoever comes first wins.
+  void settleFuture(const c10::IValue& value, std::exception_ptr error);
+  // The text of the held-back timeout, `heldMs` after the call.
+  std::string heldBackCause(int64_t heldMs) const;
 
   const OpKind op_;
   const uint64_t seq_;
@@ -74,6 +85,8 @@ class DelayWorkCpu : public c10d::Work {
   std::condition_variable attachedCv_;
   bool attached_ = false;
   bool recorded_ = false;
+  bool futureSettled_ = false;
+  std::exception_ptr expired_;  // the timeout error, once expired
   bool innerHasFuture_ = false;
   c10::intrusive_ptr<c10d::Work> inner_;
   std::exception_ptr error_;

@@ -2,6 +2,11 @@
 
 #include <pthread.h>
 
+#include <algorithm>
+#include <vector>
+
+#include "delay/DelayTimeout.hpp"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define DELAYCOMM_CPU_RELAX() _mm_pause()
@@ -21,67 +26,130 @@ void sleepUntilPrecise(SteadyClock::time_point deadline) {
   }
 }
 
-IssuerThread::IssuerThread(std::string name) : name_(std::move(name)) {
-  thread_ = std::thread([this] { loop(); });
-  pthread_setname_np(thread_.native_handle(), name_.substr(0, 15).c_str());
+void sleepForPrecise(std::chrono::nanoseconds d) {
+  sleepUntilPrecise(addSaturated<SteadyClock>(SteadyClock::now(), d.count()));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// HostSleeper
+
+HostSleeper::Woke HostSleeper::sleepUntil(SteadyClock::time_point target, SteadyClock::time_point deadline) {
+  const auto until = std::min(target, deadline);
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (closed_) {
+      return Woke::kClosed;
+    }
+    const auto coarse = until - kSpinMargin;
+    if (SteadyClock::now() < coarse && cv_.wait_until(lock, coarse, [this] { return closed_; })) {
+      return Woke::kClosed;
+    }
+  }
+  // The last stretch spins (a close() during it waits at most kSpinMargin).
+  while (SteadyClock::now() < until) {
+    DELAYCOMM_CPU_RELAX();
+  }
+  return target <= deadline ? Woke::kTarget : Woke::kDeadline;
+}
+
+void HostSleeper::close() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    closed_ = true;
+  }
+  cv_.notify_all();
+}
+
+bool HostSleeper::closed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return closed_;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// IssuerThread
+
+IssuerThread::IssuerThread(std::string name) : name_(std::move(name)), state_(std::make_shared<State>()) {
+  const std::string threadName = name_.substr(0, 15);  // before the thread exists: nothing may throw after
+  // NOTE: the thread owns a reference to the state, never to this object (see stop()).
+  thread_ = std::thread([s = state_] { loop(s); });
+  pthread_setname_np(thread_.native_handle(), threadName.c_str());
 }
 
 IssuerThread::~IssuerThread() { stop(); }
 
 bool IssuerThread::runInlineIfIdle(const std::function<void()>& fn) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!queue_.empty() || busy_) return false;
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  if (!state_->queue.empty() || state_->busy) return false;
   fn();
   return true;
 }
 
-void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel) {
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    if (stopping_) {
-      // The group is shutting down: issue in order right here (the thread has drained or is draining).
-      queue_.push_back(Item{releaseAt, std::move(task), std::move(cancel)});
-    } else {
-      queue_.push_back(Item{releaseAt, std::move(task), std::move(cancel)});
-      cv_.notify_all();
-      return;
-    }
+IssuerThread::Item IssuerThread::popFrontLocked(State& s) {
+  Item it = std::move(s.queue.front());
+  s.queue.pop_front();
+  if (s.expired > 0) --s.expired;
+  return it;
+}
+
+void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel,
+                          SteadyClock::time_point expireAt, Expire expire) {
+  State& s = *state_;
+  std::unique_lock<std::mutex> lock(s.mutex);
+  s.queue.push_back(Item{releaseAt, std::move(task), std::move(cancel), expireAt, std::move(expire)});
+  if (!s.stopping) {
+    s.cv.notify_all();
+    return;
   }
-  // Stopping: run whatever is queued (including this item) on this thread, in order.
-  std::unique_lock<std::mutex> lock(mutex_);
+  // The group is shutting down (the thread has drained or is draining): issue whatever is queued (this item
+  // included) right here, in order, one issuer at a time.
   while (true) {
-    cv_.wait(lock, [this] { return !busy_; });
-    if (queue_.empty()) break;
-    Item it = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
+    s.cv.wait(lock, [&s] { return !s.busy; });
+    if (s.queue.empty()) break;
+    Item it = popFrontLocked(s);
+    s.busy = true;
     lock.unlock();
     it.task();
     it = Item{};
     lock.lock();
-    busy_ = false;
-    cv_.notify_all();
+    s.busy = false;
+    s.cv.notify_all();
   }
 }
 
-void IssuerThread::loop() {
-  std::unique_lock<std::mutex> lock(mutex_);
+void IssuerThread::loop(const std::shared_ptr<State>& state) {
+  State& s = *state;
+  std::unique_lock<std::mutex> lock(s.mutex);
   while (true) {
-    if (busy_) {  // a caller is issuing (inline, or draining after stop()): one issuer at a time keeps the order
-      cv_.wait(lock);
+    if (s.busy) {  // a caller is issuing (inline, or draining after stop()): one issuer at a time keeps the order
+      s.cv.wait(lock);
       continue;
     }
-    if (queue_.empty()) {
-      if (stopping_) break;
-      cv_.wait(lock);
+    if (s.queue.empty()) {
+      if (s.stopping) break;
+      s.cv.wait(lock);
       continue;
     }
-    const auto releaseAt = queue_.front().releaseAt;
-    if (!draining_) {
+    if (!s.draining) {
       const auto now = SteadyClock::now();
+      // Expire, in queue order, the ops held back past their expiry (their works fail with the timeout error).
+      std::vector<Expire> due;
+      while (s.expired < s.queue.size() && s.queue[s.expired].expireAt <= now) {
+        if (s.queue[s.expired].expire) due.push_back(s.queue[s.expired].expire);
+        ++s.expired;
+      }
+      if (!due.empty()) {
+        lock.unlock();
+        for (auto& fn : due) fn();
+        due.clear();
+        lock.lock();
+        continue;  // re-check: the queue may have changed
+      }
+      const auto releaseAt = s.queue.front().releaseAt;
       if (now < releaseAt - kSpinMargin) {
-        cv_.wait_until(lock, releaseAt - kSpinMargin);
-        continue;  // re-check: a drain or a cancel may have come
+        auto wakeAt = releaseAt - kSpinMargin;
+        if (s.expired < s.queue.size()) wakeAt = std::min(wakeAt, s.queue[s.expired].expireAt);
+        s.cv.wait_until(lock, wakeAt);
+        continue;  // re-check: a drain, a cancel or an expiry may have come
       }
       if (now < releaseAt) {
         lock.unlock();
@@ -92,49 +160,73 @@ void IssuerThread::loop() {
         continue;
       }
     }
-    Item it = std::move(queue_.front());
-    queue_.pop_front();
-    busy_ = true;
+    Item it = popFrontLocked(s);
+    s.busy = true;
     lock.unlock();
     it.task();
     it = Item{};  // drop the task's captures (tensors, work) outside the lock
     lock.lock();
-    busy_ = false;
-    cv_.notify_all();
+    s.busy = false;
+    s.cv.notify_all();
   }
+  s.finished = true;
+  s.cv.notify_all();
 }
 
 void IssuerThread::stop() {
+  State& s = *state_;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    draining_ = true;
-    stopping_ = true;
+    std::lock_guard<std::mutex> lock(s.mutex);
+    s.draining = true;
+    s.stopping = true;
   }
-  cv_.notify_all();
-  if (thread_.joinable()) {
-    if (thread_.get_id() == std::this_thread::get_id()) {
-      thread_.detach();  // stop() from a task on the issuer thread itself: it exits after this task
-    } else {
-      thread_.join();
+  s.cv.notify_all();
+  {
+    std::lock_guard<std::mutex> joinLock(joinMutex_);
+    if (!thread_.joinable()) {
+      return;
     }
+    if (thread_.get_id() != std::this_thread::get_id()) {
+      thread_.join();
+      return;
+    }
+    thread_.detach();
+  }
+  // stop() from a task on the issuer thread itself (e.g. the group's last reference dropped by a callback that the
+  // task ran): it cannot join itself. Issue what is queued now, in order (this thread is the issuer, and the task
+  // that called us has already issued its op), so that nothing queued runs after this object is gone; the loop
+  // then finds the queue empty and returns, touching only the shared state.
+  std::unique_lock<std::mutex> lock(s.mutex);
+  while (!s.queue.empty()) {
+    Item it = popFrontLocked(s);
+    lock.unlock();
+    it.task();
+    it = Item{};
+    lock.lock();
   }
 }
 
 void IssuerThread::cancelAll(std::exception_ptr error) {
   std::deque<Item> cancelled;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
-    cancelled.swap(queue_);
+    std::lock_guard<std::mutex> lock(state_->mutex);
+    cancelled.swap(state_->queue);
+    state_->expired = 0;
   }
-  cv_.notify_all();
+  state_->cv.notify_all();
   for (auto& it : cancelled) {
     if (it.cancel) it.cancel(error);
   }
 }
 
 size_t IssuerThread::pending() const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  return queue_.size() + (busy_ ? 1 : 0);
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->queue.size() + (state_->busy ? 1 : 0);
+}
+
+bool IssuerThread::finished() const {
+  std::lock_guard<std::mutex> lock(state_->mutex);
+  return state_->finished;
 }
 
 }  // namespace delaycomm
