@@ -31,6 +31,42 @@
 namespace py = pybind11;
 using namespace delaycomm;
 
+namespace delaycomm {
+
+// The Python holder of a DelayBackend. Dropping the last reference destroys the inner Gloo/NCCL backends, whose
+// destructors join their worker threads; a worker that is finishing a work whose tensors Python owns needs the
+// GIL to release them. Destroying with the GIL held would deadlock on that join (seen at destroy_process_group),
+// so the reference is dropped with the GIL released, as torch does for its own process groups.
+template <typename T>
+class GilReleasingHolder {
+ public:
+  GilReleasingHolder() = default;
+  /* implicit */ GilReleasingHolder(c10::intrusive_ptr<T> ptr) : ptr_(std::move(ptr)) {}
+  // pybind11 builds a holder from a raw pointer it got from a factory returning the holder's element
+  // (pybind/pybind11#2957): take it over without a second reference count.
+  explicit GilReleasingHolder(T* raw) : ptr_(c10::intrusive_ptr<T>::unsafe_steal_from_new(raw)) {}
+  GilReleasingHolder(const GilReleasingHolder&) = default;
+  GilReleasingHolder(GilReleasingHolder&&) noexcept = default;
+  GilReleasingHolder& operator=(const GilReleasingHolder&) = default;
+  GilReleasingHolder& operator=(GilReleasingHolder&&) noexcept = default;
+  ~GilReleasingHolder() {
+    if (ptr_ && PyGILState_Check()) {
+      py::gil_scoped_release release;
+      ptr_.reset();
+    }
+  }
+  T* get() const noexcept { return ptr_.get(); }
+  T& operator*() const noexcept { return *ptr_; }
+  T* operator->() const noexcept { return ptr_.get(); }
+
+ private:
+  c10::intrusive_ptr<T> ptr_;
+};
+
+}  // namespace delaycomm
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, delaycomm::GilReleasingHolder<T>, true)
+
 namespace {
 
 // Whether this thread may take the GIL: Python is up and not finalizing. During finalization a thread other than
@@ -401,11 +437,11 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("max_pending", &BackendOptions::maxPending)
       .def_readwrite("store", &BackendOptions::store);
 
-  py::class_<DelayBackend, c10::intrusive_ptr<DelayBackend>, c10d::Backend>(m, "DelayBackend")
+  py::class_<DelayBackend, GilReleasingHolder<DelayBackend>, c10d::Backend>(m, "DelayBackend")
       .def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                        c10::intrusive_ptr<c10d::Backend> cudaInner, const BackendOptions& options) {
-             return c10::make_intrusive<DelayBackend>(rank, size, std::move(cpuInner), std::move(cudaInner),
-                                                      options);
+             return GilReleasingHolder<DelayBackend>(c10::make_intrusive<DelayBackend>(
+                 rank, size, std::move(cpuInner), std::move(cudaInner), options));
            }),
            py::arg("rank"), py::arg("size"), py::arg("cpu_inner"), py::arg("cuda_inner"), py::arg("options"),
            py::call_guard<py::gil_scoped_release>())

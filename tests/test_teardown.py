@@ -1,0 +1,40 @@
+"""Destroying a delaycomm group while Gloo's worker threads still hold Python-owned tensors must not deadlock.
+
+The last reference to a DelayBackend is dropped from Python; its inner ProcessGroupGloo joins its worker threads,
+and a worker finishing a work whose tensors Python created needs the GIL to release them. The backend's Python
+holder drops the reference with the GIL released (csrc/bindings.cpp, GilReleasingHolder).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import delaycomm  # noqa: F401  (registers the backend)
+from delaycomm._backend import backend_of
+from tests.delay._mp import spawn
+
+
+def churn(rank: int, world_size: int, init_method: str, rounds: int = 12, ops: int = 60) -> int:
+    """Initialises and destroys delaycomm worlds with all-gathers of temporaries finishing on Gloo's threads."""
+    for r in range(rounds):
+        dist.init_process_group("delaycomm", init_method=f"{init_method}-{r}", rank=rank, world_size=world_size,
+                                timeout=timedelta(seconds=20))
+        # A user's reference to the backend (as for its sequence numbers) outlives the group: dropping it below
+        # destroys the backend from Python.
+        backend = backend_of(dist.group.WORLD)
+        for i in range(ops):
+            # Temporaries: once Python drops them, the Gloo work is their last owner.
+            dist.all_gather([torch.empty(4) for _ in range(world_size)], torch.full((4,), float(i)))
+        dist.destroy_process_group()
+        del backend
+    return rounds
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(60)
+def test_destroying_groups_with_gloo_works_finishing_does_not_deadlock():
+    assert spawn(churn, 2, timeout=50) == [12, 12]
