@@ -1,9 +1,10 @@
-"""Command line: ``python -m delaycomm.sim {table,scenarios,run} ...``.
+"""``python -m delaycomm.sim [{table,scenarios,run}] ...``: the command line (arguments, checks, output).
 
-``table`` reproduces seed 002's table (BSP / SSP(2) / ASP to the same budget,
-several seeds, published numbers alongside and checked); ``scenarios`` goes
-beyond it (heavy-tailed network delay, stale policies, step-size rules, short
-and long budgets); ``run`` simulates one configuration with every knob.
+``table`` (the default: ``python -m delaycomm.sim`` alone runs it) reproduces
+seed 002's table (BSP / SSP lead:2 / ASP to the same budget, several seeds,
+published numbers alongside and checked); ``scenarios`` goes beyond it
+(heavy-tailed network delay, stale policies, step-size rules, short and long
+budgets); ``run`` simulates one configuration with every knob.
 """
 
 from __future__ import annotations
@@ -15,13 +16,13 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
-import numpy as np
-
 from . import experiments as ex
 from .engine import SimConfig, parse_jitter
 from .models import parse_model
-from .policies import POLICIES, STEP_RULES, StepConfig
-from .report import COLUMNS, Column, Row, format_table, plot_loss, plot_staleness, result_record, write_json
+from .policies import POLICIES, STEP_RULES
+from .report import COLUMNS, Row, format_table, plot_loss, plot_staleness, result_record, write_json
+
+__all__ = ["build_parser", "main", "with_default_command"]
 
 log = logging.getLogger("delaycomm.sim")
 
@@ -77,25 +78,25 @@ def any_int(text: str) -> int:
     return _number(text, low=None, strict=False, integer=True)
 
 
-def staleness_bound_arg(text: str) -> int | None:
-    """An SSP bound: an integer >= 0, or ``inf`` (ASP, returned as None)."""
+def lead_bound_arg(text: str) -> int | None:
+    """A lead bound (``lead:S``): an integer >= 1, or ``inf`` (ASP, returned as None)."""
     if text.strip().lower() in ("inf", "infinity"):
         return None
-    return non_negative_int(text)
+    return count(text)
 
 
-def ssp_arg(text: str) -> str:
-    """An SSP bound for ``--staleness``, returned as a model label."""
-    bound = staleness_bound_arg(text)
-    return "asp" if bound is None else parse_model(f"ssp:{bound}").label
+def lead_arg(text: str) -> str:
+    """A lead bound for ``run --lead``, returned as a model label."""
+    bound = lead_bound_arg(text)
+    return "asp" if bound is None else parse_model(f"lead:{bound}").label
 
 
 def bounds_list(text: str) -> list[int | None]:
-    """Comma-separated SSP bounds, e.g. ``2,8,inf``."""
+    """Comma-separated lead bounds, e.g. ``2,8,inf``."""
     parts = [p for p in text.split(",") if p.strip()]
     if not parts:
         raise argparse.ArgumentTypeError(f"expected a comma-separated list like '2,8,inf', got {text!r}")
-    return [staleness_bound_arg(p) for p in parts]
+    return [lead_bound_arg(p) for p in parts]
 
 
 def model_arg(text: str) -> str:
@@ -173,17 +174,18 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="python -m delaycomm.sim",
-        description="Offline NumPy discrete-event simulator of BSP / SSP(s) / ASP training of a logistic "
-        "regression with stragglers and network delay (delaycomm).",
+        description="Offline NumPy discrete-event simulator of BSP / SSP (lead:S) / ASP training of a logistic "
+        "regression with stragglers and network delay (delaycomm). Without a command it runs 'table'.",
         epilog="Bad input exits with status 2 and names the option. Design notes: docs/sim.md.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{table,scenarios,run}")
 
-    t = sub.add_parser("table", parents=[common], help="reproduce seed 002's table (and the max-staleness sweep)",
+    t = sub.add_parser("table", parents=[common],
+                       help="reproduce seed 002's table (and the max-staleness sweep); the default command",
                        description="Run BSP, SSP(s) and ASP to the same wall-clock budget and print seed 002's "
                        "table, with the published numbers and whether each is within seed-to-seed noise.")
-    t.add_argument("--staleness", type=count, default=2, metavar="S", help="SSP bound of the table's middle row (default 2)")
-    t.add_argument("--sweep", type=bounds_list, default=[2, 8, None], metavar="LIST", help="SSP bounds of the max-staleness sweep (default 2,8,inf)")
+    t.add_argument("--lead", type=count, default=2, metavar="S", help="lead bound of the table's SSP row, lead:S (default 2)")
+    t.add_argument("--sweep", type=bounds_list, default=[2, 8, None], metavar="LIST", help="lead bounds of the max-staleness sweep (default 2,8,inf)")
 
     s = sub.add_parser("scenarios", parents=[common], help="heavy-tailed delay, stale policies, step-size rules",
                        description="Beyond the seed: the models, the stale policies and the step-size rules under a "
@@ -195,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
                        description="Simulate one configuration (every knob) and print its row.")
     which = r.add_mutually_exclusive_group()
     # default None, not "asp": argparse does not notice a conflict when a value is the default object.
-    which.add_argument("--model", type=model_arg, default=None, help="bsp, asp, ssp:S (S >= 0; ssp:0 is bsp) or ssp:inf (default asp)")
-    which.add_argument("--staleness", type=ssp_arg, metavar="S", help="shorthand for --model ssp:S (S >= 0 or inf)")
+    which.add_argument("--model", type=model_arg, default=None, help="bsp, asp, lead:S (SSP: a worker at most S >= 1 applied steps ahead of the slowest; not the backend's ssp:S, see docs/sim.md) or lead:inf (default asp)")
+    which.add_argument("--lead", type=lead_arg, metavar="S", help="shorthand for --model lead:S (S >= 1 or inf)")
     r.add_argument("--delay", type=delay_arg, default="none", metavar="SPEC", help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default none)")
     r.add_argument("--delay-fraction", type=fraction, default=1.0, metavar="P", help="fraction of updates delayed, in [0, 1] (default 1)")
     r.add_argument("--delay-where", choices=("network", "host"), default="network", help="network: the worker goes on while its update is in flight; host: it waits (default network)")
@@ -261,7 +263,7 @@ def cmd_table(args: argparse.Namespace) -> int:
     k = args.seeds or 8
     seeds = list(range(args.seed, args.seed + k))
     overrides = _overrides(args)
-    specs = ex.seed002_rows(seeds, args.staleness, overrides)
+    specs = ex.seed002_rows(seeds, args.lead, overrides)
     sweep = ex.staleness_sweep_rows(seeds, args.sweep, overrides)
     configs = [c for _, cfgs, _ in specs + sweep for c in cfgs]
     t0 = time.perf_counter()
@@ -278,9 +280,9 @@ def cmd_table(args: argparse.Namespace) -> int:
     print()
     sweep_cols = [c for c in COLUMNS if c.key in ("mean_staleness", "max_staleness")]
     for (model, _, pub), row in zip(sweep, sweep_rows):
-        row.name = "s=inf (ASP)" if model == "asp" else f"s={model.split(':')[1]}"
+        row.name = "lead:inf (ASP)" if model == "asp" else model
         row.published = None if pub is None else {"max_staleness": pub}
-    print(format_table(sweep_rows, sweep_cols, title="max staleness vs s"))
+    print(format_table(sweep_rows, sweep_cols, title="max staleness vs lead"))
     checks = []
     if k >= 2 and not overrides:
         checks = ex.check_published(rows) + ex.check_published(sweep_rows)
@@ -300,7 +302,7 @@ def cmd_table(args: argparse.Namespace) -> int:
         print("# plot:", plot_loss(series, f"{args.plot}/table_loss.png", "loss vs wall clock (seed 002 setting)", opt))
         print("# plot:", plot_staleness(series, f"{args.plot}/table_staleness.png", "staleness per model"))
         print("# plot:", plot_staleness([(r.name, r.runs) for r in sweep_rows], f"{args.plot}/sweep_staleness.png",
-                                        "staleness vs SSP bound s"))
+                                        "staleness vs lead bound"))
     if args.json:
         write_json(args.json, {
             "command": "table", "seeds": seeds, "elapsed_s": elapsed,
@@ -373,7 +375,7 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     k = args.seeds or 1
     seeds = list(range(args.seed, args.seed + k))
-    model = args.staleness or args.model or "asp"
+    model = args.lead or args.model or "asp"
     overrides = _overrides(args)
     step = dataclasses.replace(overrides.get("step", ex.seed002_config().step), rule=args.step,
                                dc_lambda=args.dc_lambda, radius=args.radius)
@@ -399,17 +401,25 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def with_default_command(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``table`` put first when it names no command (``python -m delaycomm.sim [--seeds 2]``)."""
+    argv = list(argv)
+    if not argv or (argv[0].startswith("-") and argv[0] not in ("-h", "--help")):
+        return ["table", *argv]
+    return argv
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point.
 
     Args:
-        argv: Arguments (default ``sys.argv[1:]``).
+        argv: Arguments (default ``sys.argv[1:]``); without a command, ``table`` runs.
 
     Returns:
         The exit status (argument errors exit with 2 via argparse).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
@@ -417,7 +427,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as exc:
         args.subparser.error(str(exc))  # exits with status 2
     return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
