@@ -52,7 +52,8 @@ stage_summary() {
   printf '#   %s\n' "${_stage_lines[@]}"
 }
 
-# CPU seconds (user + system) of the waited-for children of this shell, from /proc (fields 16 and 17).
+# CPU seconds (user + system) of the waited-for children of the script's shell, from /proc (fields 16 and 17).
+# NOTE: $$, not $BASHPID: this runs in a command substitution, whose own process has no children of note.
 _children_cpu() {
-  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($16 + $17) / hz }' "/proc/$BASHPID/stat"
+  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($16 + $17) / hz }' "/proc/$$/stat"
 }
