@@ -44,9 +44,11 @@ assert delaycomm._C.cuda_compiled, "delaycomm was built without its CUDA sources
 print(f"# CUDA build OK: torch {torch.__version__} (CUDA {torch.version.cuda}), delaycomm CUDA sources compiled")
 PY
   echo "# CPU tests against the CUDA build"
-  # The backend end to end in a fresh process, every collective against Gloo, the options, and the GPU tests
-  # (they skip without a GPU, but must collect and import against this build).
+  # The backend end to end in a fresh process, every collective against Gloo, group destruction (it deadlocked
+  # with this torch only), the options, and the GPU tests (they skip without a GPU, but must collect and import
+  # against this build).
   OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
     tests/test_registration.py::test_init_process_group_without_importing_delaycomm \
+    tests/test_api.py::test_dropping_a_group_right_after_a_collective_does_not_deadlock \
     tests/test_collectives.py tests/test_config.py tests/gpu
 fi

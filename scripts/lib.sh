@@ -27,33 +27,35 @@ else:
 PY
 }
 
-# stage NAME COMMAND...: run COMMAND as one stage of a script, then print its wall-clock and CPU seconds (the CPU
-# time of every process it ran; on a machine shared with other work, CPU time is the figure that compares).
-_stage_lines=()
+# stage NAME COMMAND...: run COMMAND as one stage of a script (in a subshell), then print its wall-clock and CPU
+# seconds: the CPU time of every process it ran, and of nothing else (a background job of the script is not
+# counted; on a machine shared with other work, CPU time is the figure that compares). The line also goes to
+# $STAGE_LOG when set, for stage_summary (a background job appends its own line there).
 stage() {
   local name=$1
   shift
   echo "# ---- $name"
-  local t0 c0 rc=0
+  local t0 rc=0 cpu_file
+  cpu_file=$(mktemp)
   t0=$(date +%s.%N)
-  c0=$(_children_cpu)
-  "$@" || rc=$?
+  (
+    rc=0
+    "$@" || rc=$?
+    awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($16 + $17) / hz }' "/proc/$BASHPID/stat" >"$cpu_file"
+    exit $rc
+  ) || rc=$?
   local line
-  line=$(awk -v n="$name" -v t0="$t0" -v t1="$(date +%s.%N)" -v c0="$c0" -v c1="$(_children_cpu)" \
-    'BEGIN { printf "%-58s %7.1f s wall %7.1f s CPU", n, t1 - t0, c1 - c0 }')
-  _stage_lines+=("$line")
-  echo "# ---- $line$([ $rc = 0 ] || echo "  FAILED (exit $rc)")"
+  line=$(awk -v n="$name" -v t0="$t0" -v t1="$(date +%s.%N)" -v cpu="$(cat "$cpu_file")" \
+    'BEGIN { printf "%-62s %7.1f s wall %7.1f s CPU", n, t1 - t0, cpu }')
+  rm -f "$cpu_file"
+  [ $rc = 0 ] || line="$line  FAILED (exit $rc)"
+  echo "# ---- $line"
+  if [ -n "${STAGE_LOG:-}" ]; then echo "$line" >>"$STAGE_LOG"; fi
   return $rc
 }
 
-# stage_summary: the table of every stage so far (and the load average, which the wall-clock figures depend on).
+# stage_summary: the table of the stages in $STAGE_LOG, and the load average (wall-clock figures depend on it).
 stage_summary() {
   echo "# ---- stages (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
-  printf '#   %s\n' "${_stage_lines[@]}"
-}
-
-# CPU seconds (user + system) of the waited-for children of the script's shell, from /proc (fields 16 and 17).
-# NOTE: $$, not $BASHPID: this runs in a command substitution, whose own process has no children of note.
-_children_cpu() {
-  awk -v hz="$(getconf CLK_TCK)" '{ printf "%.2f", ($16 + $17) / hz }' "/proc/$$/stat"
+  if [ -n "${STAGE_LOG:-}" ] && [ -f "$STAGE_LOG" ]; then sed 's/^/#   /' "$STAGE_LOG"; fi
 }

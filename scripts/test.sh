@@ -15,6 +15,9 @@ export OMP_NUM_THREADS=1 TORCH_DEVICE_BACKEND_AUTOLOAD=1
 torch_cpu=$(pyproject torch-cpu)
 mkdir -p build
 
+export STAGE_LOG="$root/build/stages.txt"
+: >"$STAGE_LOG"
+rm -f build/cuda-check.status
 cuda_pid=
 finish() {
   local rc=$?
@@ -27,9 +30,19 @@ finish() {
 trap finish EXIT
 if [ "${DELAYCOMM_SKIP_CUDA_CHECK:-0}" != 1 ] && command -v "${CUDACXX:-nvcc}" >/dev/null; then
   echo "# CUDA compile check: venv and build started in the background (log: build/cuda-check.log)"
-  setsid nice -n 10 scripts/cuda-check.sh prepare >build/cuda-check.log 2>&1 &
+  setsid nice -n 10 bash -c '. scripts/lib.sh; rc=0
+    stage "CUDA compile check: venv and build (background, nice 10)" scripts/cuda-check.sh prepare || rc=$?
+    echo $rc >build/cuda-check.status' >build/cuda-check.log 2>&1 &
   cuda_pid=$!
 fi
+# The background job's outcome, once it has one (its log goes to this log then).
+cuda_prepared() {
+  while [ ! -s build/cuda-check.status ] && kill -0 "$cuda_pid" 2>/dev/null; do sleep 1; done
+  sleep 1  # the status is written just before the job exits
+  cat build/cuda-check.log
+  [ -s build/cuda-check.status ] || { echo "the background job ended without a status" >&2; return 1; }
+  return "$(cat build/cuda-check.status)"
+}
 
 stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
 # One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting).
@@ -37,13 +50,8 @@ stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
   "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20
 
 if [ -n "$cuda_pid" ]; then
-  cuda_prepared() {
-    local rc=0
-    wait "$cuda_pid" || rc=$?
-    cat build/cuda-check.log
-    return $rc
-  }
-  stage "CUDA compile check: venv and build (background, waited for)" cuda_prepared
+  stage "CUDA compile check: waiting for the background job" cuda_prepared
+  wait "$cuda_pid"
   stage "CUDA compile check: import and CPU tests" scripts/cuda-check.sh test
 fi
 if [ -x .ci/bench-gate.sh ]; then

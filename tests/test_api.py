@@ -269,6 +269,27 @@ def test_torch_distributed_debug_detail():
         assert out["mismatch"] and "mismatch" in out["mismatch"].lower(), out["mismatch"]
 
 
+def _drop_groups_right_after_collectives(rank, world, rounds):
+    def body(ctx):
+        for _ in range(rounds):
+            g = ctx.group()
+            out = [torch.zeros(4) for _ in range(ctx.world_size)]
+            dist.all_gather(out, torch.full((4,), float(ctx.rank)), group=g)
+            assert [t[0].item() for t in out] == [0.0, 1.0]
+            ctx.shutdown()  # drop the group at once: its last reference goes with the GIL held
+        return True
+
+    return run_threads(body, 2, timeout=60)
+
+
+@pytest.mark.timeout(120)
+def test_dropping_a_group_right_after_a_collective_does_not_deadlock():
+    # The backend's destructor joins the inner Gloo group's threads, which may need the GIL to release the
+    # tensors of the last collective: destroyed with the GIL held, it hung (2 of 3 runs against the CUDA build of
+    # torch 2.14.1). NOTE: in a process of its own: a hang with the GIL held stops every timeout of this process.
+    assert run_procs(_drop_groups_right_after_collectives, 1, 300, timeout=90) == [[True, True]]
+
+
 def _dies(rank, world):
     import time
 
