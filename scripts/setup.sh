@@ -1,30 +1,33 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a virtual environment with torch and the tools, and builds delaycomm into it.
-#   scripts/setup.sh [VENV [TORCH_VERSION]]      defaults: .venv 2.13.0
+#   scripts/setup.sh [VENV [TORCH_VERSION]]      defaults: .venv, and torch-cpu of pyproject.toml
+# What it installs besides torch is pyproject.toml's list (build requirements, dependencies, the `test` extra).
+#   DELAYCOMM_NO_BUILD=1     install only
+#   DELAYCOMM_BUILD_DIR=DIR  the build directory (default build/torch-VERSION)
+#   DELAYCOMM_BUILD_ARGS     more arguments for `pip install` of delaycomm (e.g. -Ccmake.define.X=Y)
 # NOTE: delaycomm compiles against the installed torch, so it is built with --no-build-isolation (an isolated
-# build environment would pull a multi-GB CUDA torch from the index).
+# build environment would pull a multi-GB CUDA torch).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+. "$root/scripts/lib.sh"
 venv=${1:-$root/.venv}
-torch_version=${2:-2.13.0}
+torch_version=${2:-$(pyproject torch-cpu)}
 py=${PYTHON:-python3}
 
 if [ ! -x "$venv/bin/python" ]; then
   echo "# creating $venv" >&2
   "$py" -m venv "$venv"
 fi
+# --no-compile: no .pyc for all of torch up front; Python writes them for what is imported, when it is.
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
-if ! "$venv/bin/python" -c "import torch, sys; sys.exit(torch.__version__.split('+')[0] != '$torch_version')" 2>/dev/null; then
-  echo "# installing torch==$torch_version" >&2
-  "${pip[@]}" install "torch==$torch_version"
-fi
-echo "# installing build and test requirements" >&2
-"${pip[@]}" install "numpy>=1.24" "scikit-build-core>=0.10" "cmake>=4.0" ninja pybind11 \
-  "pytest>=8" "pytest-timeout>=2.3" "hypothesis>=6.100" "pytest-benchmark>=4" "scipy>=1.10" \
-  "scikit-learn>=1.3" "matplotlib>=3.7" "tqdm>=4.60"
+mapfile -t requirements < <(pyproject requirements)
+echo "# installing torch==$torch_version and ${#requirements[@]} build and test requirements (pyproject.toml)" >&2
+"${pip[@]}" install --no-compile "torch==$torch_version" "${requirements[@]}"
 if [ "${DELAYCOMM_NO_BUILD:-0}" = 1 ]; then
   exit 0
 fi
 echo "# building delaycomm against torch $torch_version" >&2
 build_dir=${DELAYCOMM_BUILD_DIR:-$root/build/torch-$torch_version}
-"${pip[@]}" install --no-build-isolation --no-deps -Cbuild-dir="$build_dir" "$root"
+# shellcheck disable=SC2086 # DELAYCOMM_BUILD_ARGS is a list of arguments
+"${pip[@]}" install --no-compile --no-build-isolation --no-deps -Cbuild-dir="$build_dir" \
+  ${DELAYCOMM_BUILD_ARGS:-} "$root"

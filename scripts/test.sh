@@ -1,25 +1,59 @@
 #!/usr/bin/env bash
-# The whole test suite from nothing: set-up, the tests, the benchmark suite as a smoke test, and (where nvcc is
-# present) proof that the CUDA sources compile against a CUDA build of torch, with the CPU tests run against it.
+# The whole test suite from nothing, as CI runs it (.ci/run): set-up, the tests and the benchmark suite as a smoke
+# test, (where nvcc is present) the proof that the CUDA sources compile against a CUDA build of torch, and the
+# performance gate. Each stage prints its wall-clock and CPU seconds; docs/ci.md says what each costs and why.
+#
+# On a 2-core machine the stages overlap where they can: the CUDA check's venv (a 5.5 GB torch) and build run in
+# the background, at low priority, while the CPU build and the tests run; the gate runs last, on a quiet machine.
+#   DELAYCOMM_SKIP_CUDA_CHECK=1   skip the CUDA compile check
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-"$root/scripts/setup.sh"
+. scripts/lib.sh
 py="$root/.venv/bin/python"
 export OMP_NUM_THREADS=1 TORCH_DEVICE_BACKEND_AUTOLOAD=1
+torch_cpu=$(pyproject torch-cpu)
+mkdir -p build
 
-echo "# tests (torch 2.13.0, CPU build)"
-"$py" -m pytest tests -q -p no:cacheprovider
+export STAGE_LOG="$root/build/stages.txt"
+: >"$STAGE_LOG"
+rm -f build/cuda-check.status
+cuda_pid=
+finish() {
+  local rc=$?
+  if [ -n "$cuda_pid" ] && kill -0 "$cuda_pid" 2>/dev/null; then
+    kill -- "-$cuda_pid" 2>/dev/null || true  # the background job's process group (a failed stage ended the run)
+  fi
+  stage_summary
+  return $rc
+}
+trap finish EXIT
+if [ "${DELAYCOMM_SKIP_CUDA_CHECK:-0}" != 1 ] && command -v "${CUDACXX:-nvcc}" >/dev/null; then
+  echo "# CUDA compile check: venv and build started in the background (log: build/cuda-check.log)"
+  setsid nice -n 10 bash -c '. scripts/lib.sh; rc=0
+    stage "CUDA compile check: venv and build (background, nice 10)" scripts/cuda-check.sh prepare || rc=$?
+    echo $rc >build/cuda-check.status' >build/cuda-check.log 2>&1 &
+  cuda_pid=$!
+fi
+# The background job's outcome, once it has one (its log goes to this log then).
+cuda_prepared() {
+  while [ ! -s build/cuda-check.status ] && kill -0 "$cuda_pid" 2>/dev/null; do sleep 1; done
+  sleep 1  # the status is written just before the job exits
+  cat build/cuda-check.log
+  [ -s build/cuda-check.status ] || { echo "the background job ended without a status" >&2; return 1; }
+  return "$(cat build/cuda-check.status)"
+}
 
-if [ -d bench ] && ls bench/test_*.py >/dev/null 2>&1; then
-  echo "# benchmark suite, benchmarking disabled (keeps it from rotting)"
-  "$py" -m pytest bench -q -p no:cacheprovider --benchmark-disable
+stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
+# One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting).
+stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
+  "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20
+
+if [ -n "$cuda_pid" ]; then
+  stage "CUDA compile check: waiting for the background job" cuda_prepared
+  wait "$cuda_pid"
+  stage "CUDA compile check: import and CPU tests" scripts/cuda-check.sh test
 fi
 if [ -x .ci/bench-gate.sh ]; then
-  echo "# performance gate against the committed baseline"
-  .ci/bench-gate.sh "$py"
-fi
-
-if [ "${DELAYCOMM_SKIP_CUDA_CHECK:-0}" != 1 ]; then
-  "$root/scripts/cuda-check.sh"
+  stage "performance gate against the committed baseline" .ci/bench-gate.sh "$py"
 fi

@@ -1,8 +1,9 @@
 """Table of collectives run on a delaycomm group and on a plain Gloo group, with identical inputs.
 
 Each case is ``run(group, rank, world, dtype, op) -> list[Tensor]`` (the tensors the collective produced on this
-rank). The tests compare the two groups' outputs bit for bit; when Gloo refuses a combination (a dtype or reduce
-op it does not support), delaycomm must refuse it too.
+rank). The tests compare the two groups' outputs bit for bit; the combinations Gloo refuses are listed
+(:func:`expected_refusal`), and delaycomm must refuse exactly those, in Gloo's words. Roots are group ranks
+(``group_src``/``group_dst``), so the cases run on any group, including the harness's thread ranks.
 """
 
 from __future__ import annotations
@@ -43,13 +44,13 @@ def _all_reduce_async_future(g, rank, world, dtype, op):
 
 def _reduce(g, rank, world, dtype, op):
     t = make(rank, dtype)
-    dist.reduce(t, dst=world - 1, op=op, group=g)
+    dist.reduce(t, group_dst=world - 1, op=op, group=g)
     return [t] if rank == world - 1 else []
 
 
 def _broadcast(g, rank, world, dtype, op):
     t = make(rank, dtype)
-    dist.broadcast(t, src=world - 1, group=g)
+    dist.broadcast(t, group_src=world - 1, group=g)
     return [t]
 
 
@@ -110,6 +111,15 @@ def _all_to_all_single_even(g, rank, world, dtype, op):
 
 
 def _all_to_all(g, rank, world, dtype, op):
+    ins = [make(rank, dtype, n=3, salt=d) for d in range(world)]
+    outs = [torch.zeros(3, dtype=dtype) for _ in range(world)]
+    dist.all_to_all(outs, ins, group=g)
+    return outs
+
+
+def _all_to_all_uneven(g, rank, world, dtype, op):
+    # rank r sends d + 2 elements to rank d: Gloo's all_to_all takes equal sizes only, and delaycomm must refuse
+    # it in the same words
     ins = [make(rank, dtype, n=d + 2, salt=d) for d in range(world)]
     outs = [torch.zeros(rank + 2, dtype=dtype) for _ in range(world)]
     dist.all_to_all(outs, ins, group=g)
@@ -118,14 +128,14 @@ def _all_to_all(g, rank, world, dtype, op):
 
 def _gather(g, rank, world, dtype, op):
     out = [torch.zeros(N, dtype=dtype) for _ in range(world)] if rank == 0 else None
-    dist.gather(make(rank, dtype), out, dst=0, group=g)
+    dist.gather(make(rank, dtype), out, group_dst=0, group=g)
     return out or []
 
 
 def _scatter(g, rank, world, dtype, op):
     out = torch.zeros(N, dtype=dtype)
     ins = [make(rank, dtype, salt=i) for i in range(world)] if rank == 0 else None
-    dist.scatter(out, ins, src=0, group=g)
+    dist.scatter(out, ins, group_src=0, group=g)
     return [out]
 
 
@@ -158,10 +168,18 @@ CASES = {
     "all_to_all_single_uneven": (_all_to_all_single_uneven, False),
     "all_to_all_single_even": (_all_to_all_single_even, False),
     "all_to_all": (_all_to_all, False),
+    "all_to_all_uneven": (_all_to_all_uneven, False),
     "gather": (_gather, False),
     "scatter": (_scatter, False),
     "all_reduce_coalescing_manager": (_all_reduce_coalesced_manager, True),
 }
+
+
+def expected_refusal(name: str, dtype: torch.dtype, op_name: str) -> bool:
+    """Whether Gloo refuses this combination (then delaycomm must refuse it in the same words)."""
+    if name == "all_to_all_uneven":
+        return True
+    return op_name == "avg" and not dtype.is_floating_point  # Gloo's AVG divides in place
 
 
 def run_case(name, group, rank, world, dtype, op):
@@ -173,31 +191,34 @@ def run_case(name, group, rank, world, dtype, op):
         return "error", f"{type(e).__name__}: {e}"
 
 
-def compare_all(rank: int, world: int, dc_group, gloo_group, cases=None, dtypes=DTYPES) -> list[str]:
-    """Run every case on both groups; return the mismatches as readable strings (empty: all equal)."""
+def compare_case(name: str, rank: int, world: int, dc_group, gloo_group, dtypes=DTYPES) -> list[str]:
+    """Run one case over its dtypes and reduce ops on both groups; return the differences (empty: all equal).
+
+    A combination Gloo refuses (:func:`expected_refusal`) must be refused by both groups with the same message;
+    every other combination must succeed on both and give the same tensors, bit for bit.
+    """
+    _, uses_op = CASES[name]
+    ops = REDUCE_OPS.items() if uses_op else [("-", R.SUM)]
     problems = []
-    checked = 0
-    for name in cases or CASES:
-        _, uses_op = CASES[name]
-        ops = REDUCE_OPS.items() if uses_op else [("-", R.SUM)]
-        for dtype in (dtypes if name in FULL_DTYPE_CASES else [d for d in dtypes if d in FEW_DTYPES]):
-            for op_name, op in ops:
-                ref_status, ref = run_case(name, gloo_group, rank, world, dtype, op)
-                got_status, got = run_case(name, dc_group, rank, world, dtype, op)
-                where = f"{name} {dtype} {op_name}"
-                if ref_status != got_status:
-                    problems.append(f"{where}: gloo {ref_status} ({ref if ref_status == 'error' else 'ok'}), "
-                                    f"delaycomm {got_status} ({got if got_status == 'error' else 'ok'})")
-                    continue
-                if ref_status == "error":
-                    continue
-                checked += 1
-                if len(ref) != len(got):
-                    problems.append(f"{where}: {len(ref)} outputs from gloo, {len(got)} from delaycomm")
-                    continue
-                for i, (a, b) in enumerate(zip(ref, got)):
-                    if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
-                        problems.append(f"{where}: output {i} differs: gloo {a.tolist()} delaycomm {b.tolist()}")
-    if checked == 0:
-        problems.append("no combination ran on both groups")
+    for dtype in (dtypes if name in FULL_DTYPE_CASES else [d for d in dtypes if d in FEW_DTYPES]):
+        for op_name, op in ops:
+            ref_status, ref = run_case(name, gloo_group, rank, world, dtype, op)
+            got_status, got = run_case(name, dc_group, rank, world, dtype, op)
+            where = f"{name} {dtype} {op_name}"
+            want = "error" if expected_refusal(name, dtype, op_name) else "ok"
+            if (ref_status, got_status) != (want, want):
+                problems.append(f"{where}: expected {want} from both, got gloo {ref_status} "
+                                f"({ref if ref_status == 'error' else 'ok'}), delaycomm {got_status} "
+                                f"({got if got_status == 'error' else 'ok'})")
+                continue
+            if want == "error":
+                if ref != got:
+                    problems.append(f"{where}: refused in other words: gloo {ref!r}, delaycomm {got!r}")
+                continue
+            if len(ref) != len(got):
+                problems.append(f"{where}: {len(ref)} outputs from gloo, {len(got)} from delaycomm")
+                continue
+            for i, (a, b) in enumerate(zip(ref, got)):
+                if a.dtype != b.dtype or a.shape != b.shape or not torch.equal(a, b):
+                    problems.append(f"{where}: output {i} differs: gloo {a.tolist()} delaycomm {b.tolist()}")
     return problems

@@ -1,10 +1,13 @@
-"""`backend="delaycomm"` is available after `import torch` alone (entry point), cheaply, and can be disabled."""
+"""`backend="delaycomm"` is available after `import torch` alone (entry point), cheaply, and can be disabled.
+
+Each test needs a fresh interpreter: what is checked happens during `import torch`.
+"""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
+
+from tests.harness import run_cli
 
 CHECK = (
     "import sys, torch, torch.distributed as dist; "
@@ -14,9 +17,9 @@ CHECK = (
 
 
 def _run(env_extra):
-    env = {**os.environ, **env_extra}
-    return subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=120,
-                          check=True).stdout.split()
+    proc = run_cli(["-c", CHECK], env={**os.environ, **env_extra})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.split()
 
 
 def test_import_torch_registers_without_loading_native_module():
@@ -35,5 +38,6 @@ def test_init_process_group_without_importing_delaycomm(tmp_path):
         "t = torch.ones(3); dist.all_reduce(t); print(dist.get_backend(), t.tolist())\n"
         "dist.destroy_process_group()\n"
     )
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.strip() == "delaycomm [1.0, 1.0, 1.0]"
+    proc = run_cli(["-c", script], env={**os.environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "delaycomm [1.0, 1.0, 1.0]"

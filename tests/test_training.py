@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dist_utils import run_ranks
+from tests.harness import run_procs
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -57,7 +57,7 @@ def _train_ddp(group, rank, find_unused: bool, no_sync_every: int, steps: int = 
     return [p.detach().clone() for p in model.parameters()]
 
 
-def _ddp_ranks(rank, world):
+def _ddp_ranks(rank, world, find_unused, no_sync_every):
     import torch
     import torch.distributed as dist
 
@@ -65,26 +65,19 @@ def _ddp_ranks(rank, world):
 
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60))
     gloo = dist.new_group(backend="gloo")
-    out = {}
-    for find_unused in (False, True):
-        for no_sync_every in (0, 3):
-            ref = _train_ddp(gloo, rank, find_unused, no_sync_every)
-            got = _train_ddp(dist.group.WORLD, rank, find_unused, no_sync_every)
-            out[(find_unused, no_sync_every)] = all(torch.equal(a, b) for a, b in zip(ref, got))
-    stats = delaycomm.stats(dist.group.WORLD)
-    out["allreduce_calls"] = stats["ops"]["allreduce"]["calls"]
-    return out
+    ref = _train_ddp(gloo, rank, find_unused, no_sync_every)
+    got = _train_ddp(dist.group.WORLD, rank, find_unused, no_sync_every)
+    return {"equal": all(torch.equal(a, b) for a, b in zip(ref, got)),
+            "allreduce_calls": delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]["calls"]}
 
 
-@pytest.mark.timeout(180)
-def test_ddp_matches_gloo_bitwise():
-    results = run_ranks(_ddp_ranks, 2, timeout=170)
-    for rank, out in results.items():
-        for key, equal in out.items():
-            if key == "allreduce_calls":
-                assert equal > 0, "DDP's gradient all-reduces did not go through delaycomm"
-                continue
-            assert equal, f"rank {rank}: find_unused_parameters={key[0]} no_sync_every={key[1]}: params differ"
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("no_sync_every", [0, 3], ids=["sync", "no_sync-every-3"])
+@pytest.mark.parametrize("find_unused", [False, True], ids=["all-used", "find_unused"])
+def test_ddp_matches_gloo_bitwise(find_unused, no_sync_every):
+    for rank, out in enumerate(run_procs(_ddp_ranks, 2, find_unused, no_sync_every, timeout=110)):
+        assert out["allreduce_calls"] > 0, "DDP's gradient all-reduces did not go through delaycomm"
+        assert out["equal"], f"rank {rank}: parameters differ from Gloo's"
 
 
 def _fsdp_train(mesh, steps: int = 5):
@@ -131,8 +124,7 @@ def _fsdp_ranks(rank, world):
 
 @pytest.mark.timeout(180)
 def test_fsdp2_matches_gloo():
-    results = run_ranks(_fsdp_ranks, 2, timeout=170)
-    for rank, out in results.items():
+    for rank, out in enumerate(run_procs(_fsdp_ranks, 2, timeout=170)):
         ref_losses, got_losses = out["losses"]
         assert got_losses == ref_losses, f"rank {rank}: losses differ"
         assert got_losses[-1] < got_losses[0], f"rank {rank}: FSDP2 did not train: {got_losses}"

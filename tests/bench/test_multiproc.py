@@ -1,16 +1,18 @@
-"""End to end with real processes and real Gloo: numbers by hand (scripted clock), the check, the gate, the CLI."""
+"""End to end with real processes and real Gloo: numbers by hand (scripted clock), the check, the gate, the CLI.
+
+The engine runs in real rank processes (tests/harness, forked from a server that imported torch once); the bench's
+own launcher (``--nproc``) and torchrun are tested through the command line and :func:`launch.spawn`.
+"""
 
 import json
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 
 from delaycomm.bench import launch, results
 from delaycomm.bench.cli import main
 from delaycomm.bench.settings import Backend, Settings
+from tests.harness import free_port, run_cli, run_procs
 
 from .helpers import ScriptedClock, corrupt_entry, failing_entry, make_record, slow_entry
 
@@ -26,8 +28,14 @@ def settings(**kw):
     return Settings(**base)
 
 
+def _rank(rank, world_size, settings, clock, entry):
+    from delaycomm.bench import engine
+
+    return (entry or engine.run_rank)(rank, world_size, settings, "env://", clock)
+
+
 def measure(tmp_path, name, nproc=2, clock=None, entry=None, **kw):
-    record = launch.spawn(nproc, settings(**kw), clock=clock, entry=entry, deadline_s=80)
+    record = run_procs(_rank, nproc, settings(**kw), clock, entry, timeout=80)[0]
     path = tmp_path / f"{name}.json"
     results.save(record, str(path))
     return record, str(path)
@@ -129,30 +137,29 @@ def test_gate_passes_a_uniformly_slower_machine(baseline, tmp_path, capsys):
     assert "gate: PASS" in capsys.readouterr().out
 
 
-def _delay_engine_missing() -> bool:
-    import delaycomm
+@pytest.fixture
+def forked_ranks(monkeypatch):
+    """The CLI in this process, its ranks forked by the test harness instead of the bench's launcher."""
+    from delaycomm.bench import cli
 
-    try:
-        delaycomm.DelayConfig(delay="const:50ms", delay_fraction=1.0)
-    except (ValueError, AttributeError):
-        return True
-    return False
+    monkeypatch.setattr(cli, "_measure", lambda settings, nproc: run_procs(_rank, nproc, settings, None, None,
+                                                                         timeout=80)[0])
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.skipif(_delay_engine_missing(), reason="the delay engine (branch delay) is not in this build yet")
-def test_const_delay_shows_in_the_latency_and_fails_the_gate(tmp_path):
+def test_const_delay_shows_in_the_latency_and_fails_the_gate(tmp_path, forked_ranks, capsys):
     # The baseline: delaycomm as fast as gloo at both sizes (ratio 1); only ratios matter to the gate.
     baseline = str(tmp_path / "baseline.json")
     results.save(make_record({("all_reduce", size, b): [[100.0] * 5] * 3
                               for size in (8, 4096) for b in ("delaycomm", "gloo")}), baseline)
     out = tmp_path / "delayed.json"
-    proc = _cli(["--nproc", "2", "-b", "8", "-e", "4K", "-f", "512", "-n", "5", "-w", "1", "-r", "3",
-                 "--delay", "const:50ms", "--delay-fraction", "1", "--json", str(out), "--compare", baseline,
-                 "--max-slowdown", "1.5", "--confirm", "1"])
-    assert proc.returncode == 1, proc.stderr
-    assert "gate: FAIL: delaycomm got slower relative to gloo at 2 of 2 sizes" in proc.stdout
-    assert "all_reduce 8 B delaycomm: ratio" in proc.stdout and "confirmation run 1: ratio" in proc.stdout
+    status = main(["--nproc", "2", "-b", "8", "-e", "4K", "-f", "512", "-n", "5", "-w", "1", "-r", "3",
+                   "--delay", "const:50ms", "--delay-fraction", "1", "--json", str(out), "--compare", baseline,
+                   "--max-slowdown", "1.5", "--confirm", "1"])
+    stdout = capsys.readouterr().out
+    assert status == 1, stdout
+    assert "gate: FAIL: delaycomm got slower relative to gloo at 2 of 2 sizes" in stdout
+    assert "all_reduce 8 B delaycomm: ratio" in stdout and "confirmation run 1: ratio" in stdout
     stats = {(r.size_bytes, r.backend): r for r in results.row_stats(results.load(str(out)))}
     for size in (8, 4096):
         dc, raw = stats[(size, "delaycomm")], stats[(size, "gloo")]
@@ -162,24 +169,25 @@ def test_const_delay_shows_in_the_latency_and_fails_the_gate(tmp_path):
     assert [(d["backend"], d["collective"]) for d in injected] == [("delaycomm", "all_reduce")]
     assert injected[0]["delayed_calls"] == injected[0]["calls"]
     assert injected[0]["p50_us"] == pytest.approx(50_000, rel=0.02)
-    assert "delaycomm injected delay on all_reduce (rank 0, delaycomm telemetry)" in proc.stdout
+    assert "delaycomm injected delay on all_reduce (rank 0, delaycomm telemetry)" in stdout
 
 
-def _cli(argv, timeout=80, module=("-m", "delaycomm.bench")):
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    return subprocess.run([sys.executable, *module, *argv], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env=env)
+def _cli(argv, module="delaycomm.bench"):
+    return run_cli(argv, timeout=80, module=module, cwd=ROOT)
 
 
 @pytest.mark.timeout(90)
-def test_cli_spawns_ranks_writes_json_and_plot(tmp_path):
+def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
+    # The command line's main in this process; its launcher (--nproc) spawns the ranks as fresh interpreters.
+    # (`python -m delaycomm.bench` itself runs in test_runs_under_torchrun.)
     out, png = tmp_path / "run.json", tmp_path / "run.png"
-    proc = _cli(["--nproc", "2", "-b", "8", "-e", "1K", "-f", "32", "-n", "5", "-w", "1", "-r", "2",
-                 "-C", "all_reduce,broadcast", "--json", str(out), "--plot", str(png), "--progress", "on"])
-    assert proc.returncode == 0, proc.stderr
-    assert "#       size        count      type  redop" in proc.stdout
-    assert "# all_reduce: busbw factor 2(n-1)/n, n = 2" in proc.stdout
-    assert "# broadcast: busbw factor 1, n = 2" in proc.stdout
+    status = main(["--nproc", "2", "-b", "8", "-e", "1K", "-f", "32", "-n", "5", "-w", "1", "-r", "2",
+                   "-C", "all_reduce,broadcast", "--json", str(out), "--plot", str(png), "--progress", "on"])
+    stdout = capsys.readouterr().out
+    assert status == 0, stdout
+    assert "#       size        count      type  redop" in stdout
+    assert "# all_reduce: busbw factor 2(n-1)/n, n = 2" in stdout
+    assert "# broadcast: busbw factor 1, n = 2" in stdout
     data = json.loads(out.read_text())
     assert data["format"] == "delaycomm-bench/1" and data["world_size"] == 2
     assert {r["size_bytes"] for r in data["rows"]} == {8, 256, 1024}
@@ -190,18 +198,12 @@ def test_cli_spawns_ranks_writes_json_and_plot(tmp_path):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.timeout(90)
 def test_runs_under_torchrun(tmp_path):
     out = tmp_path / "torchrun.json"
-    proc = _cli(["-b", "64", "-e", "64", "-n", "5", "-w", "1", "-r", "2", "--json", str(out)],
-                module=("-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(_free_port()),
-                        "-m", "delaycomm.bench"))
+    proc = _cli(["--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "delaycomm.bench",
+                 "-b", "64", "-e", "64", "-n", "5", "-w", "1", "-r", "2", "--json", str(out)],
+                module="torch.distributed.run")
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and [r["backend"] for r in data["rows"]] == ["delaycomm", "gloo"]

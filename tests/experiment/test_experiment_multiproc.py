@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import multiprocessing
 import os
-import subprocess
-import sys
 
 import pytest
 
@@ -20,20 +20,26 @@ pytestmark = pytest.mark.multiproc
 
 @pytest.fixture(scope="module")
 def quick(tmp_path_factory):
-    """One `--quick` run of every config, through the command line as a user runs it."""
+    """One `--quick` run of every config, through the command line's main (each config in processes of its own).
+
+    NOTE: main() runs in the test process rather than under a fresh interpreter: `python -m delaycomm.experiment`
+    is that function and nothing else, and the ranks are real processes either way.
+    """
     out = tmp_path_factory.mktemp("quick")
     js, png = out / "quick.json", out / "quick.png"
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-    proc = subprocess.run(
-        [sys.executable, "-m", "delaycomm.experiment", "--quick", "--no-progress", "--json", str(js),
-         "--plot", str(png)], capture_output=True, text=True, timeout=280, env=env)
-    return proc, js, png
+    stdout, stderr = io.StringIO(), io.StringIO()
+    with pytest.MonkeyPatch.context() as mp:
+        for name in [k for k in os.environ if k.startswith("DELAYCOMM_")]:
+            mp.delenv(name)
+        with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+            code = main(["--quick", "--no-progress", "--json", str(js), "--plot", str(png)])
+    return code, stdout.getvalue(), stderr.getvalue(), js, png
 
 
 @pytest.mark.timeout(300)
 def test_quick_every_config_trains(quick):
-    proc, js, png = quick
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    code, stdout, stderr, js, png = quick
+    assert code == 0, stdout + stderr
     doc = json.loads(js.read_text())
     recs = {c["name"]: c for c in doc["configs"]}
     assert list(recs) == [c.name for c in CONFIGS]
@@ -44,14 +50,14 @@ def test_quick_every_config_trains(quick):
         assert m["steps"] == 4 * doc["dataset"]["steps_per_epoch"], name
         assert m["test_accuracy"] > 0.1, name  # better than chance on 10 balanced classes
         assert len(rec["curves"]["loss"]) == m["steps"]
-    for line in proc.stdout.splitlines():
+    for line in stdout.splitlines():
         assert not line.startswith("# ") or ": not " not in line, line
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.mark.timeout(300)
 def test_quick_configs_differ_only_in_communication(quick):
-    _, js, _ = quick
+    js = quick[3]
     doc = json.loads(js.read_text())
     recs = {c["name"]: c for c in doc["configs"]}
     # Same data, seeds and initial weights everywhere.

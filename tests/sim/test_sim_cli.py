@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from delaycomm.sim import __main__ as cli
+from delaycomm.sim import cli
 
 from ._fakes import FakeSampler
 
@@ -34,7 +34,7 @@ def test_table_is_reproducible_bit_for_bit(capsys, tmp_path):
         doc.pop("elapsed_s")
         outs.append((out.rsplit("\n# ", 1)[0], json.dumps(doc["rows"]), json.dumps(doc["sweep"])))
     assert outs[0] == outs[1]
-    assert "sync (BSP)" in outs[0][0] and "bounded s=2 (SSP)" in outs[0][0] and "async (ASP)" in outs[0][0]
+    assert "sync (BSP)" in outs[0][0] and "SSP lead:2" in outs[0][0] and "async (ASP)" in outs[0][0]
     assert "published numbers not compared" in outs[0][0]  # --budget differs from the seed's
 
 
@@ -43,7 +43,7 @@ def test_table_writes_json_and_plots(capsys, tmp_path):
                            "--json", str(tmp_path / "t.json"), "--plot", str(tmp_path / "plots"), "--no-progress")
     assert code == 0
     doc = json.loads((tmp_path / "t.json").read_text())
-    assert [r["model"] for r in doc["rows"]] == ["bsp", "ssp:2", "asp"]
+    assert [r["model"] for r in doc["rows"]] == ["bsp", "lead:2", "asp"]
     run = doc["rows"][2]["runs"][0]
     assert {"updates", "updates_per_s", "mean_staleness", "max_staleness", "final_loss", "curve_time_s"} <= set(run)
     for name in ("table_loss.png", "table_staleness.png", "sweep_staleness.png"):
@@ -52,10 +52,10 @@ def test_table_writes_json_and_plots(capsys, tmp_path):
 
 def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "delay_sampler_class", lambda: FakeSampler)
-    code, out, _ = run_cli(capsys, "run", "--staleness", "2", "--delay", "const:0.5", "--budget", "30",
+    code, out, _ = run_cli(capsys, "run", "--lead", "2", "--delay", "const:0.5", "--budget", "30",
                            "--workers", "3", "--policy", "ema", "--step", "adadelay", "--json", str(tmp_path / "r.json"))
     assert code == 0
-    assert "ssp:2" in out and "delay const:0.5" in out
+    assert "lead:2" in out and "delay const:0.5" in out
     run = json.loads((tmp_path / "r.json").read_text())["runs"][0]
     assert run["config"]["delay"] == "const:0.5" and run["config"]["policy"] == "ema"
     assert run["max_staleness"] <= run["staleness_bound"] == 2 * 3 + 1
@@ -65,8 +65,9 @@ def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path)
     ("argv", "message"),
     [
         (["run", "--model", "hogwild"], r"argument --model: unknown consistency model 'hogwild': expected 'bsp', 'asp'"),
-        (["run", "--model", "ssp:-2"], r"argument --model: SSP bound must be >= 0, got -2"),
-        (["run", "--staleness", "-1"], r"argument --staleness: must be >= 0, got '-1'"),
+        (["run", "--model", "lead:-2"], r"argument --model: lead bound must be >= 1 .*got -2"),
+        (["run", "--model", "ssp:2"], r"argument --model: 'ssp:2' is the backend's staleness bound"),
+        (["run", "--lead", "0"], r"argument --lead: must be >= 1, got '0'"),
         (["run", "--budget", "-5"], r"argument --budget: must be > 0, got '-5'"),
         (["table", "--budget", "0"], r"argument --budget: must be > 0, got '0'"),
         (["run", "--budget", "nan"], r"argument --budget: expected a finite number, got 'nan'"),
@@ -75,8 +76,10 @@ def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path)
         (["run", "--policy", "mean"], r"argument --policy: invalid choice: 'mean'"),
         (["run", "--jitter", "gamma:1"], r"argument --jitter: bad jitter 'gamma:1': expected 'none', 'lognormal:SIGMA'"),
         (["table", "--sweep", "2,x"], r"argument --sweep: expected an integer, got 'x'"),
-        (["table", "--staleness", "0"], r"argument --staleness: must be >= 1, got '0'"),
-        (["run", "--model", "asp", "--staleness", "2"], r"argument --staleness: not allowed with argument --model"),
+        (["table", "--lead", "0"], r"argument --lead: must be >= 1, got '0'"),
+        (["table", "--sweep", "2,0"], r"argument --sweep: must be >= 1, got '0'"),
+        (["--budget", "0"], r"argument --budget: must be > 0, got '0'"),  # no command: table's options
+        (["run", "--model", "asp", "--lead", "2"], r"argument --lead: not allowed with argument --model"),
         (["scenarios", "--short-budget", "500", "--delay", "none"], r"--short-budget \(500\) must be below --budget \(400\)"),
     ],
 )
@@ -85,6 +88,29 @@ def test_bad_input_exits_2_naming_the_option(capsys, argv, message):
 
     err = fail_cli(capsys, *argv)
     assert re.search(message, err), err
+
+
+def test_without_a_command_the_table_runs(monkeypatch):
+    ran = []
+    monkeypatch.setattr(cli, "cmd_table", lambda args: ran.append(args) or 0)
+    assert cli.main([]) == 0
+    assert cli.main(["--seeds", "3", "--no-progress"]) == 0
+    assert [(a.command, a.seeds, a.lead, a.sweep, a.budget) for a in ran] == [
+        ("table", None, 2, [2, 8, None], None), ("table", 3, 2, [2, 8, None], None)]
+
+
+def test_python_m_delaycomm_sim_runs_the_table_without_a_command(tmp_path, monkeypatch, capsys):
+    # `python -m delaycomm.sim ...` runs the package's __main__ with sys.argv; so does runpy, in this process.
+    import runpy
+
+    monkeypatch.setattr("sys.argv", ["python -m delaycomm.sim", "--seeds", "1", "--budget", "20", "--sweep", "2",
+                                     "--no-progress", "--json", str(tmp_path / "t.json")])
+    with pytest.raises(SystemExit) as exc:
+        runpy.run_module("delaycomm.sim", run_name="__main__", alter_sys=True)
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    assert "# delaycomm.sim table: N=8" in out and "SSP lead:2" in out
+    assert json.loads((tmp_path / "t.json").read_text())["command"] == "table"
 
 
 def test_bad_delay_spec_is_reported_with_the_parsers_words(capsys, monkeypatch):

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from delaycomm.sim import __main__ as cli
+from delaycomm.sim import cli
 from delaycomm.sim import simulate
 from delaycomm.sim.engine import SIM_DELAY_STREAM
 
@@ -46,7 +46,7 @@ def test_cli_run_with_a_real_delay_is_deterministic(capsys, tmp_path):
     docs = []
     for i in range(2):
         path = tmp_path / f"r{i}.json"
-        assert cli.main(["run", "--model", "ssp:2", "--delay", "lognormal:p50=60ms,p99=400ms", "--budget", "60",
+        assert cli.main(["run", "--model", "lead:2", "--delay", "lognormal:p50=60ms,p99=400ms", "--budget", "60",
                          "--seed", "3", "--json", str(path)]) == 0
         docs.append(json.loads(path.read_text())["runs"][0])
     capsys.readouterr()

@@ -28,8 +28,8 @@ def test_asp_schedule_by_hand():
     assert r.blocked_seconds == [0.0, 0.0]
 
 
-def test_ssp1_schedule_by_hand():
-    r = simulate(small(model="ssp:1", **TRACE))
+def test_lead1_schedule_by_hand():
+    r = simulate(small(model="lead:1", **TRACE))
     # s=1 is lock-step: w1 waits 1 -> 2.5 for w0, then 3.5 -> end of budget.
     assert r.arrival_time.tolist() == [1.0, 2.5, 3.5]
     assert r.arrival_worker.tolist() == [1, 0, 1]
@@ -102,7 +102,7 @@ def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budge
     seed=st.integers(0, 2**31 - 1),
 )
 def test_ssp_max_staleness_never_exceeds_bound(workers, s, straggler, jitter, delay, seed):
-    cfg = small(model=f"ssp:{s}", workers=workers, straggler=straggler, jitter=jitter, budget=40.0, seed=seed,
+    cfg = small(model=f"lead:{s}", workers=workers, straggler=straggler, jitter=jitter, budget=40.0, seed=seed,
                 delay="none" if delay == "none" else "exp:mean=0.7", delay_where="host" if delay == "host" else "network")
     samplers = None if delay == "none" else [FakeSampler("exp:mean=0.7", seed, i) for i in range(workers)]
     r = simulate(cfg, samplers)
@@ -123,7 +123,7 @@ def test_bsp_staleness_is_zero(workers, seed, delay):
 
 
 def test_fixed_seed_reproduces_bit_for_bit_and_seeds_differ():
-    cfg = small(model="ssp:2", policy="ema", delay="exp:mean=0.3")
+    cfg = small(model="lead:2", policy="ema", delay="exp:mean=0.3")
     samplers = lambda seed: [FakeSampler("exp:mean=0.3", seed, i) for i in range(cfg.workers)]  # noqa: E731
     a, b = simulate(cfg, samplers(0)), simulate(cfg, samplers(0))
     for field in ("staleness", "arrival_time", "arrival_worker", "curve_loss"):
@@ -133,7 +133,7 @@ def test_fixed_seed_reproduces_bit_for_bit_and_seeds_differ():
     assert not np.array_equal(a.arrival_time, c.arrival_time)
 
 
-@pytest.mark.parametrize("model", ["asp", "ssp:2"])
+@pytest.mark.parametrize("model", ["asp", "lead:2"])
 def test_drop_discards_exactly_the_stale_arrivals(model):
     r = simulate(small(model=model, policy="drop", stale_after=2, budget=80.0))
     assert r.dropped == int(np.sum(r.staleness > 2)) > 0

@@ -69,7 +69,13 @@ class Runner:
         self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self.port = self._store.port
         self._ctx = multiprocessing.get_context("forkserver")
-        self._ctx.set_forkserver_preload(["delaycomm.experiment.worker"])
+        # NOTE: DistributedDataParallel imports torch._dynamo and friends the first time one is built (seconds of
+        # imports); the fork server imports them once per experiment instead of once per rank per config.
+        # Importing them starts no thread, so forking stays safe. (Not imported by worker.py itself: the command
+        # line imports worker.py for its model table and must not pay for them.)
+        self._ctx.set_forkserver_preload(["delaycomm.experiment.worker", "torch._dynamo",
+                                          "torch.distributed._functional_collectives", "torch.distributed.fsdp",
+                                          "torch.distributed.tensor"])
         self._runs = 0
 
     def run(self, config: ExperimentConfig, hp: Hyper, data: dict[str, np.ndarray],

@@ -24,14 +24,6 @@ from torch.nn.parallel import DistributedDataParallel
 
 import delaycomm
 
-# NOTE: DistributedDataParallel imports torch._dynamo and friends the first time one is built (about 3 s of
-# imports). This module is the fork server's preload, so importing them here pays that once per experiment
-# instead of once per rank per config. Importing them starts no thread, so forking stays safe.
-import torch._dynamo  # noqa: E402, F401
-import torch.distributed._functional_collectives  # noqa: E402, F401
-import torch.distributed.fsdp  # noqa: E402, F401
-import torch.distributed.tensor  # noqa: E402, F401
-
 __all__ = ["MODELS", "build_model", "shard_indices", "steps_per_epoch", "run_rank"]
 
 

@@ -9,7 +9,7 @@ lazily); it is an offline model, not the runtime backend.
 
 Example:
     >>> from delaycomm.sim import SimConfig, simulate
-    >>> r = simulate(SimConfig(model="ssp:2", budget=50.0))
+    >>> r = simulate(SimConfig(model="lead:2", budget=50.0))
     >>> r.max_staleness <= r.bound
     True
 """

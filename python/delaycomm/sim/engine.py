@@ -178,7 +178,7 @@ class RunResult:
 
     Attributes:
         config: The run's configuration.
-        label: Model label (``bsp``, ``ssp:2``, ``asp``).
+        label: Model label (``bsp``, ``lead:2``, ``asp``).
         title: Human model name.
         updates: Updates the server applied within the budget.
         dropped: Arrivals the ``drop`` policy discarded.

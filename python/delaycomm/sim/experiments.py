@@ -43,11 +43,11 @@ SamplerFactory = Callable[[str, int, int], DelaySource]
 #: Seed 002's table, by model label.
 PUBLISHED: dict[str, dict[str, float]] = {
     "bsp": {"updates": 105, "updates_per_s": 0.26, "mean_staleness": 0.00, "max_staleness": 0, "final_loss": 0.2611},
-    "ssp:2": {"updates": 855, "updates_per_s": 2.13, "mean_staleness": 3.53, "max_staleness": 14, "final_loss": 0.2688},
+    "lead:2": {"updates": 855, "updates_per_s": 2.13, "mean_staleness": 3.53, "max_staleness": 14, "final_loss": 0.2688},
     "asp": {"updates": 2934, "updates_per_s": 7.33, "mean_staleness": 6.98, "max_staleness": 45, "final_loss": 0.2672},
 }
 #: Seed 002's "14 -> 30 -> 45 as s goes 2 -> 8 -> inf".
-PUBLISHED_MAX_STALENESS: dict[str, int] = {"ssp:2": 14, "ssp:8": 30, "asp": 45}
+PUBLISHED_MAX_STALENESS: dict[str, int] = {"lead:2": 14, "lead:8": 30, "asp": 45}
 
 #: A heavy-tailed worker-to-server delay for the scenarios (Pareto tail).
 HEAVY_TAIL_DELAY = "pareto:p50=100ms,p99=2s"
@@ -130,13 +130,13 @@ def run_configs(
 
 
 def seed002_rows(
-    seeds: Sequence[int], staleness: int = 2, overrides: dict | None = None
+    seeds: Sequence[int], lead: int = 2, overrides: dict | None = None
 ) -> list[tuple[str, list[SimConfig], dict[str, float] | None]]:
-    """Configurations of seed 002's table: BSP, SSP(staleness), ASP.
+    """Configurations of seed 002's table: BSP, SSP (``lead:lead``), ASP.
 
     Args:
         seeds: Run seeds (one run per seed and row).
-        staleness: The SSP row's bound ``s``.
+        lead: The SSP row's lead bound ``s`` (``lead:s``).
         overrides: :class:`SimConfig` fields to replace in every row.
 
     Returns:
@@ -145,7 +145,7 @@ def seed002_rows(
     """
     overrides = overrides or {}
     out = []
-    for model in ("bsp", f"ssp:{staleness}", "asp"):
+    for model in ("bsp", f"lead:{lead}", "asp"):
         cfgs = [seed002_config(model, s, **overrides) for s in seeds]
         published = PUBLISHED.get(model) if not overrides else None
         out.append((cfgs[0].model, cfgs, published))
@@ -157,7 +157,7 @@ def staleness_sweep_rows(seeds: Sequence[int], bounds: Sequence[int | None], ove
 
     Args:
         seeds: Run seeds.
-        bounds: SSP bounds ``s``.
+        bounds: Lead bounds ``s`` (``lead:s``).
         overrides: :class:`SimConfig` fields to replace.
 
     Returns:
@@ -166,7 +166,7 @@ def staleness_sweep_rows(seeds: Sequence[int], bounds: Sequence[int | None], ove
     overrides = overrides or {}
     out = []
     for s in bounds:
-        model = "asp" if s is None else f"ssp:{s}"
+        model = "asp" if s is None else f"lead:{s}"
         cfgs = [seed002_config(model, seed, **overrides) for seed in seeds]
         out.append((model, cfgs, None if overrides else PUBLISHED_MAX_STALENESS.get(model)))
     return out
@@ -257,7 +257,7 @@ def scenario_groups(
         return [seed002_config(model, s, **{**base, **kw}) for s in seeds]
 
     lr = seed002_config(**overrides).step.lr
-    models = [(m, cfgs(m)) for m in ("bsp", "ssp:2", "asp")]
+    models = [(m, cfgs(m)) for m in ("bsp", "lead:2", "asp")]
     n = seed002_config(**overrides).workers
     policies = [(p, cfgs("asp", policy=p)) for p in ("apply", "drop", "ema")]
     # The default threshold calls an update stale after N - 1 others landed; the wider one after 2(N - 1).

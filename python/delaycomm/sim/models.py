@@ -1,4 +1,4 @@
-"""Consistency models: BSP, SSP(s) and ASP, and the SSP gate.
+"""Consistency models: BSP, SSP with a lead bound (``lead:S``) and ASP, and the SSP gate.
 
 Clocks. ``pushed[i]`` counts the gradients worker ``i`` has finished and sent;
 ``applied[i]`` counts those the server has applied. Without network delay the
@@ -10,10 +10,12 @@ it is at most ``s`` applied steps ahead of the slowest worker::
 
     pushed[i] + 1 - min_j applied[j] <= s
 
-``s`` must be >= 1 (with ``s = 0`` no worker could ever start); ``ssp:0`` is
-accepted as a spelling of ``bsp`` as in SPEC section 5. Ho et al.'s clock rule
+It is spelled ``lead:S``, ``S >= 1`` (with ``S = 0`` no worker could ever
+start). NOTE: not ``ssp:S``: the backend's ``staleness=ssp:S`` is another bound
+(a contribution at most S steps late, see the README), and the simulator refuses
+that spelling rather than read it as a different rule. Ho et al.'s clock rule
 "a worker at clock c waits until the slowest has reached c - s" is the same
-gate with ``s`` one smaller: seed SSP(s) == Ho SSP(s - 1).
+gate with ``s`` one smaller: lead:S == Ho SSP(S - 1).
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Sequence
 
 __all__ = ["ConsistencyModel", "parse_model", "staleness_bound"]
 
-_ACCEPTED = "'bsp', 'asp', 'ssp:S' with an integer S >= 0, or 'ssp:inf'"
+_ACCEPTED = "'bsp', 'asp', 'lead:S' with an integer S >= 1, or 'lead:inf' (ASP)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,7 +35,7 @@ class ConsistencyModel:
 
     Attributes:
         kind: ``"bsp"``, ``"ssp"`` or ``"asp"``.
-        bound: The SSP bound ``s`` (``None`` for BSP and ASP).
+        bound: The lead bound ``s`` of ``lead:s`` (``None`` for BSP and ASP).
     """
 
     kind: str
@@ -41,8 +43,8 @@ class ConsistencyModel:
 
     @property
     def label(self) -> str:
-        """Spec-style name: ``bsp``, ``ssp:2``, ``asp``."""
-        return f"ssp:{self.bound}" if self.kind == "ssp" else self.kind
+        """Spec-style name: ``bsp``, ``lead:2``, ``asp``."""
+        return f"lead:{self.bound}" if self.kind == "ssp" else self.kind
 
     @property
     def title(self) -> str:
@@ -51,7 +53,7 @@ class ConsistencyModel:
             return "sync (BSP)"
         if self.kind == "asp":
             return "async (ASP)"
-        return f"bounded s={self.bound} (SSP)"
+        return f"SSP lead:{self.bound}"
 
     def may_start(self, worker: int, pushed: Sequence[int], applied: Sequence[int]) -> bool:
         """Whether ``worker`` may begin its next gradient now (SSP and ASP).
@@ -76,8 +78,8 @@ def parse_model(spec: str) -> ConsistencyModel:
     """Parse a consistency-model spec.
 
     Args:
-        spec: ``bsp``, ``asp``, ``ssp:S`` (S an integer >= 0; ``ssp:0`` is
-            BSP) or ``ssp:inf`` (ASP).
+        spec: ``bsp``, ``asp``, ``lead:S`` (S an integer >= 1) or
+            ``lead:inf`` (ASP).
 
     Returns:
         The model.
@@ -93,19 +95,26 @@ def parse_model(spec: str) -> ConsistencyModel:
     if text in ("asp", "async"):
         return ConsistencyModel("asp")
     if text.startswith("ssp:"):
-        arg = text[4:].strip()
+        raise ValueError(
+            f"parse_model: {spec!r} is the backend's staleness bound (a contribution at most S steps late); the "
+            f"simulator's SSP gate is 'lead:S' (a worker at most S applied steps ahead of the slowest, seed "
+            f"002's rule; docs/sim.md): expected {_ACCEPTED}"
+        )
+    if text.startswith("lead:"):
+        arg = text[5:].strip()
         if arg in ("inf", "infinity", "∞"):
             return ConsistencyModel("asp")
         try:
             bound = int(arg)
         except ValueError:
             raise ValueError(
-                f"parse_model: bad SSP bound in {spec!r}: expected {_ACCEPTED}"
+                f"parse_model: bad lead bound in {spec!r}: expected {_ACCEPTED}"
             ) from None
-        if bound < 0:
-            raise ValueError(f"parse_model: SSP bound must be >= 0, got {bound} in {spec!r}")
-        if bound == 0:
-            return ConsistencyModel("bsp")
+        if bound < 1:
+            raise ValueError(
+                f"parse_model: lead bound must be >= 1 (with 0 no worker could start; a barrier is 'bsp'), "
+                f"got {bound} in {spec!r}"
+            )
         return ConsistencyModel("ssp", bound)
     raise ValueError(f"parse_model: unknown consistency model {spec!r}: expected {_ACCEPTED}")
 
@@ -115,7 +124,7 @@ def staleness_bound(model: ConsistencyModel, workers: int, network_delay: bool =
 
     Staleness of an update is the number of updates the server applied
     between the read of the weights its gradient was computed on and its own
-    application. Under SSP(s) another worker ``j`` can apply at most
+    application. Under lead:s another worker ``j`` can apply at most
     ``2s - 1`` updates while worker ``i`` computes (``j`` may start from
     ``i``'s clock minus ``s - 1`` and may reach ``i``'s clock plus ``s``), and
     with network delay up to ``s - 1`` of ``i``'s own earlier updates may

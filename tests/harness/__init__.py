@@ -1,0 +1,13 @@
+"""The multi-rank test harness: ranks as threads (:func:`run_threads`) or as real processes (:func:`run_procs`).
+
+Threads are the default: one process, one in-memory store, the real Gloo and the real DelayBackend, well under a
+second per test. Real processes (forked from a server that imported torch and delaycomm once) are for what needs
+a process of its own: DDP and FSDP, the default group (``init_process_group``), faults that kill a rank,
+``TORCH_DISTRIBUTED_DEBUG``. Commands (torchrun, the tools' CLIs) run with :func:`run_cli`. Every entry point
+has a timeout and reports every rank's outcome.
+"""
+
+from tests.harness.procs import free_port, run_cli, run_procs
+from tests.harness.threads import RankContext, run_threads
+
+__all__ = ["RankContext", "run_threads", "run_procs", "run_cli", "free_port"]

@@ -1,0 +1,209 @@
+"""Ranks as real processes, for what needs a process of its own, and commands run as a user runs them.
+
+:func:`run_procs` forks each rank from a fork server that imported torch, delaycomm and the training stack once
+(a fresh interpreter that imports torch costs seconds per rank on a small machine). Each rank gets the
+environment torchrun gives (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so
+``dist.init_process_group("delaycomm")`` works unchanged; the rendezvous store is hosted by the test process on a
+port the OS picks (as torchrun's agent hosts it), so there is no free-port race. The rank's environment is the
+test process's environment at the call (plus ``env``), not the fork server's.
+
+The run fails with every rank's traceback when a rank raises, when a rank exits with a code other than 0 (or than
+the one ``expect_exit`` names for it), or when a rank has not finished at the deadline (then every rank is
+killed). :func:`run_cli` runs a command in a fresh interpreter with a timeout and returns its result.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_module
+import subprocess
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+__all__ = ["run_procs", "run_cli", "free_port", "start_fork_server", "PRELOAD"]
+
+# What the fork server imports once. NOTE: DDP and FSDP import torch._dynamo and friends the first time they are
+# used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
+PRELOAD = ["torch", "torch.distributed", "delaycomm", "torch.nn.parallel", "torch._dynamo",
+           "torch.distributed._functional_collectives", "torch.distributed.fsdp", "torch.distributed.tensor"]
+
+_context = None
+# After a rank fails, how long the others get to report before they are stopped.
+_GRACE_S = 5.0
+
+
+def _ctx():
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload(PRELOAD)
+    return _context
+
+
+def start_fork_server() -> None:
+    """Start the fork server now (it preloads in the background); the first run_procs would otherwise."""
+    _ctx()
+    import multiprocessing.forkserver
+
+    multiprocessing.forkserver.ensure_running()
+
+
+def _entry(fn, rank: int, world_size: int, env: dict[str, str], results, args: tuple) -> None:
+    os.environ.clear()
+    os.environ.update(env)
+    if "TORCH_DISTRIBUTED_DEBUG" in env:
+        import torch.distributed as dist
+
+        dist.set_debug_level_from_env()  # torch read the variable when the fork server imported it
+    try:
+        value = fn(rank, world_size, *args)
+        results.put(("ok", rank, value))
+    except BaseException:  # noqa: BLE001 - everything goes to the parent
+        results.put(("err", rank, traceback.format_exc()))
+    finally:
+        try:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                dist.destroy_process_group()
+        except Exception:  # noqa: BLE001 - the rank's own outcome is what is reported
+            pass
+        results.close()
+        results.join_thread()
+
+
+def run_procs(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0,
+              env: dict[str, str] | None = None, expect_exit: dict[int, int] | None = None) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return the results by rank.
+
+    Args:
+        fn: a module-level function (it is pickled by reference); its return value must be picklable.
+        world_size: number of ranks.
+        *args: picklable arguments for every rank.
+        timeout: seconds before every rank still running is killed and the test fails.
+        env: extra environment variables for every rank.
+        expect_exit: ``{rank: exit code}`` of ranks that must die with that code without reporting (faults);
+            their result is None.
+
+    Raises:
+        AssertionError: a rank raised, exited with another code, or was still running at the deadline.
+    """
+    import torch.distributed as dist
+
+    ctx = _ctx()
+    expect_exit = dict(expect_exit or {})
+    store = dist.TCPStore("127.0.0.1", 0, world_size, True, timedelta(seconds=timeout), wait_for_workers=False)
+    rank_env = dict(os.environ)
+    rank_env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(world_size),
+                     "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
+                                                                                              "1")})
+    rank_env.update(env or {})
+    results = ctx.Queue()
+    procs = []
+    for r in range(world_size):
+        e = dict(rank_env, RANK=str(r), LOCAL_RANK=str(r))
+        procs.append(ctx.Process(target=_entry, args=(fn, r, world_size, e, results, args),
+                                 name=f"rank{r}", daemon=True))
+    reports: dict[int, tuple[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for p in procs:
+            p.start()
+        waiting = set(range(world_size)) - set(expect_exit)
+        dead_since: dict[int, float] = {}
+        failed_at = None
+        while waiting:
+            now = time.monotonic()
+            # After a failure the others may be blocked on the failed rank: they get a grace, then are stopped.
+            limit = deadline if failed_at is None else min(deadline, failed_at + _GRACE_S)
+            if now >= limit:
+                break
+            try:
+                status, rank, value = results.get(timeout=min(0.2, limit - now))
+            except queue_module.Empty:
+                for r in [r for r in waiting if procs[r].exitcode is not None]:
+                    # A report is flushed before its process exits; allow the pipe a moment all the same.
+                    if now - dead_since.setdefault(r, now) > 1.0:
+                        waiting.discard(r)
+                        failed_at = failed_at or now
+                continue
+            reports.setdefault(rank, (status, value))
+            waiting.discard(rank)
+            if status == "err":
+                failed_at = failed_at or now
+        # Ranks that reported get time to exit cleanly; after a failure the grace has been spent already.
+        for p in procs:
+            p.join(timeout=0.5 if failed_at or waiting else max(0.1, min(10.0, deadline - time.monotonic())))
+    finally:
+        killed = set()
+        for r, p in enumerate(procs):
+            if p.is_alive():
+                killed.add(r)
+                p.kill()
+                p.join(5)
+        results.close()
+        del store
+    problems = []
+    for r, p in enumerate(procs):
+        status, value = reports.get(r, (None, None))
+        if r in expect_exit:
+            if p.exitcode != expect_exit[r]:
+                problems.append(f"--- rank {r}: expected to exit with code {expect_exit[r]}, "
+                                f"got {_describe_exit(p.exitcode)}" + (f"; it reported:\n{value}" if status else ""))
+            continue
+        if status == "err":
+            problems.append(f"--- rank {r} raised:\n{value}")
+        elif r in killed:
+            problems.append(f"--- rank {r}: " + ("reported, then " if status else "no report, ")
+                            + "still running at the deadline or after another rank failed (killed)")
+        elif status is None:
+            problems.append(f"--- rank {r}: no report, {_describe_exit(p.exitcode)}")
+        elif p.exitcode != 0:
+            problems.append(f"--- rank {r}: reported a result but {_describe_exit(p.exitcode)}")
+    if problems:
+        raise AssertionError(f"{len(problems)} of {world_size} rank(s) failed (timeout {timeout:g} s):\n"
+                             + "\n".join(problems))
+    return [reports[r][1] if r not in expect_exit else None for r in range(world_size)]
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago (for commands that must host their own store, like torchrun)."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(argv: Sequence[str], timeout: float = 120.0, env: dict[str, str] | None = None,
+            cwd: str | None = None, module: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``python [-m module] argv`` in a fresh interpreter (the current one's), as a user runs it.
+
+    Args:
+        argv: the arguments after the interpreter (and ``-m module``).
+        timeout: seconds before the command is killed (``subprocess.TimeoutExpired``, which fails the test).
+        env: the environment (default: this process's, with ``OMP_NUM_THREADS=1`` unless set).
+        cwd: the working directory.
+        module: run ``python -m module`` (e.g. ``"delaycomm.bench"``, ``"torch.distributed.run"``).
+
+    Returns:
+        The ``CompletedProcess`` with text ``stdout`` and ``stderr``; the caller checks ``returncode``.
+    """
+    if env is None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+    cmd = [sys.executable, *(["-m", module] if module else []), *argv]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
