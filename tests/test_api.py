@@ -271,11 +271,16 @@ def test_torch_distributed_debug_detail():
 
 def _drop_groups_right_after_collectives(rank, world, rounds):
     def body(ctx):
-        for _ in range(rounds):
+        for i in range(rounds):
             g = ctx.group()
             out = [torch.zeros(4) for _ in range(ctx.world_size)]
             dist.all_gather(out, torch.full((4,), float(ctx.rank)), group=g)
             assert [t[0].item() for t in out] == [0.0, 1.0]
+            # NOTE: a rank whose all_gather returned may still have a peer inside it (Gloo's last send can be in
+            # flight); dropping the group then resets the peer's connection. Both ranks finish first, through the
+            # store, so that what is tested is the drop itself.
+            ctx.store.set(f"drop/{i}/{ctx.rank}", "1")
+            ctx.store.wait([f"drop/{i}/{1 - ctx.rank}"])
             ctx.shutdown()  # drop the group at once: its last reference goes with the GIL held
         return True
 
