@@ -385,9 +385,9 @@ def main(argv: list[str] | None = None) -> int:
         record["argv"] = ["python", "bench/percall.py", *argv]
     record["rows"] = rows(record)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
+        from delaycomm._tools.output import write_json
+
+        write_json(a.json, record)
     print(format_table(record))
     if a.json:
         print(f"# record: {a.json}")

@@ -185,7 +185,7 @@ def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
                    "-C", "all_reduce,broadcast", "--json", str(out), "--plot", str(png), "--progress", "on"])
     stdout = capsys.readouterr().out
     assert status == 0, stdout
-    assert "#       size        count      type  redop" in stdout
+    assert "#         size        count      type  redop" in stdout
     assert "# all_reduce: busbw factor 2(n-1)/n, n = 2" in stdout
     assert "# broadcast: busbw factor 1, n = 2" in stdout
     data = json.loads(out.read_text())

@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from delaycomm._tools.output import jsonable
 from delaycomm.bench import collectives
 from delaycomm.bench.results import FORMAT
 from delaycomm.bench.settings import Backend, Settings
@@ -280,12 +281,6 @@ def _backend_info(backends: tuple[Backend, ...]) -> list[dict[str, Any]]:
             import delaycomm
 
             cfg = delaycomm.resolve(delaycomm.DelayConfig(**b.options))
-            entry["config"] = {k: _jsonable(v) for k, v in cfg.as_dict().items()}
+            entry["config"] = jsonable(cfg.as_dict())
         info.append(entry)
     return info
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_jsonable(x) for x in v]
-    return v

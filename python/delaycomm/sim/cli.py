@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
+from delaycomm._tools import args as argtypes
+
 from . import experiments as ex
 from .engine import SimConfig, parse_jitter
 from .models import parse_model
@@ -28,54 +30,13 @@ log = logging.getLogger("delaycomm.sim")
 
 
 # ----------------------------------------------------------------------------------------- argument types
-def _number(text: str, *, low: float | None, strict: bool, integer: bool = False, high: float | None = None):
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if low is not None and (value <= low if strict else value < low):
-        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
-    if high is not None and value > high:
-        raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text!r}")
-    return value
-
-
-def positive(text: str) -> float:
-    """A finite number > 0."""
-    return _number(text, low=0, strict=True)
-
-
-def non_negative(text: str) -> float:
-    """A finite number >= 0."""
-    return _number(text, low=0, strict=False)
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1]."""
-    return _number(text, low=0, strict=False, high=1)
-
-
-def unit_open(text: str) -> float:
-    """A number in (0, 1]."""
-    return _number(text, low=0, strict=True, high=1)
-
-
-def count(text: str) -> int:
-    """An integer >= 1."""
-    return _number(text, low=1, strict=False, integer=True)
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0."""
-    return _number(text, low=0, strict=False, integer=True)
-
-
-def any_int(text: str) -> int:
-    """Any integer."""
-    return _number(text, low=None, strict=False, integer=True)
+positive = argtypes.number(0, lo_open=True)
+non_negative = argtypes.number(0)
+fraction = argtypes.number(0, 1)
+unit_open = argtypes.number(0, 1, lo_open=True)
+count = argtypes.integer(1)
+non_negative_int = argtypes.integer(0)
+any_int = argtypes.integer()
 
 
 def lead_bound_arg(text: str) -> int | None:
@@ -117,32 +78,10 @@ def jitter_arg(text: str) -> str:
 
 
 def delay_sampler_class():
-    """``delaycomm.DelaySampler``, the backend's C++ sampler.
-
-    Raises:
-        ImportError: If the compiled extension is not importable.
-    """
+    """``delaycomm.DelaySampler``, the backend's C++ sampler (a function, so that tests can put a stand-in there)."""
     from delaycomm import DelaySampler  # the compiled backend's binding
 
     return DelaySampler
-
-
-def delay_arg(text: str) -> str:
-    """A network-delay spec, validated by the backend's own parser."""
-    if text.strip().lower() == "none":
-        return "none"
-    try:
-        sampler_cls = delay_sampler_class()
-    except ImportError as exc:
-        raise argparse.ArgumentTypeError(
-            f"a delay other than 'none' needs delaycomm.DelaySampler from the compiled extension, "
-            f"which is not importable here ({exc}); build delaycomm or use --delay none"
-        ) from None
-    try:
-        sampler_cls(text, seed=0, rank=0)
-    except (ValueError, RuntimeError) as exc:
-        raise argparse.ArgumentTypeError(f"bad delay spec {text!r}: {exc}") from None
-    return text
 
 
 def sampler_factory(spec: str, seed: int, rank: int):
@@ -190,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("scenarios", parents=[common], help="heavy-tailed delay, stale policies, step-size rules",
                        description="Beyond the seed: the models, the stale policies and the step-size rules under a "
                        "heavy-tailed worker-to-server delay, judged at a short and a long budget.")
-    s.add_argument("--delay", type=delay_arg, default=ex.HEAVY_TAIL_DELAY, metavar="SPEC", help=f"network delay of every update (default {ex.HEAVY_TAIL_DELAY})")
+    s.add_argument("--delay", type=argtypes.delay_spec, default=ex.HEAVY_TAIL_DELAY, metavar="SPEC", help=f"network delay of every update (default {ex.HEAVY_TAIL_DELAY})")
     s.add_argument("--short-budget", type=positive, default=50.0, metavar="SECONDS", help="the short budget the losses are also read at (default 50)")
 
     r = sub.add_parser("run", parents=[common], help="simulate one configuration",
@@ -199,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     # default None, not "asp": argparse does not notice a conflict when a value is the default object.
     which.add_argument("--model", type=model_arg, default=None, help="bsp, asp, lead:S (SSP: a worker at most S >= 1 applied steps ahead of the slowest; not the backend's ssp:S, see docs/sim.md) or lead:inf (default asp)")
     which.add_argument("--lead", type=lead_arg, metavar="S", help="shorthand for --model lead:S (S >= 1 or inf)")
-    r.add_argument("--delay", type=delay_arg, default="none", metavar="SPEC", help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default none)")
+    r.add_argument("--delay", type=argtypes.delay_spec, default="none", metavar="SPEC", help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default none)")
     r.add_argument("--delay-fraction", type=fraction, default=1.0, metavar="P", help="fraction of updates delayed, in [0, 1] (default 1)")
     r.add_argument("--delay-where", choices=("network", "host"), default="network", help="network: the worker goes on while its update is in flight; host: it waits (default network)")
     r.add_argument("--policy", choices=POLICIES, default="apply", help="stale policy (default apply)")
