@@ -1,4 +1,4 @@
-"""The staleness engine against an independent NumPy model of SPEC §5 (real ranks, real Gloo)."""
+"""The staleness engine against an independent NumPy model of docs/staleness.md ("The model") (real ranks, real Gloo)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ STEP_MS = 10.0
 
 
 def reference(world, grads, delays_ns, policy, mode, bound, alpha, average):
-    """SPEC §5 in NumPy. grads[t][r]: rank r's fresh gradient at step t; delays_ns[t][r]: its delay.
+    """docs/staleness.md's model in NumPy. grads[t][r]: rank r's fresh gradient at step t; delays_ns[t][r]: its delay.
 
     Returns (outputs[t], pending) where pending lists the contributions not delivered by the last step.
     """

@@ -5,8 +5,8 @@ then ``iters`` timed calls; the backend order alternates between rounds (A B, B 
 the machine hit both sides alike. All backends live in the same processes (one process group each, plus a
 private Gloo group for the bench's own bookkeeping), so a ratio compares like with like.
 
-NOTE: nccl-tests time a batch of calls and divide. The SPEC wants percentiles of per-call times where a call's time
-is the max over ranks, so each rank times each call on its own clock with no barrier inside the loop, and the
+NOTE: nccl-tests time a batch of calls and divide. The bench reports percentiles of per-call times where a call's
+time is the max over ranks (docs/bench.md, "How a call is timed"), so each rank times each call on its own clock with no barrier inside the loop, and the
 per-call vectors are max-reduced across ranks afterwards (outside the timed region). A call's time on one rank
 includes its wait for the slowest rank to arrive: that is what a training step sees.
 
