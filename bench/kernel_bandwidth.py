@@ -156,18 +156,18 @@ def time_calls(fn: Callable[[], None], device: str, repeats: int) -> list[float]
 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def run_case(case: Case, device: str, warmup: int, iters: int, rounds: int) -> dict[str, list[float]]:
     """Interleaves the implementations: `rounds` rounds, each timing iters // rounds calls of each."""
     samples: dict[str, list[float]] = {name: [] for name in IMPLS}
-    for name, impl in IMPLS.items():
-        time_calls(lambda: impl(case), device, warmup)
+    for impl in IMPLS.values():
+        time_calls(lambda impl=impl: impl(case), device, warmup)
     per_round = max(1, iters // rounds)
     for _ in range(rounds):
         for name, impl in IMPLS.items():
-            samples[name] += time_calls(lambda: impl(case), device, per_round)
+            samples[name] += time_calls(lambda impl=impl: impl(case), device, per_round)
     return samples
 
 

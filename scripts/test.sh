@@ -45,6 +45,9 @@ cuda_prepared() {
 }
 
 stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
+# NOTE: `ruff check` only (pyproject.toml's configuration): `ruff format --check` and `clang-format --dry-run` join
+# this stage when the tree is formatted (one commit, when no other branch is open); scripts/lint.sh runs all three.
+stage "lint: ruff check" "$root/.venv/bin/ruff" check --no-cache "$root"
 # One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting).
 stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
   "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20

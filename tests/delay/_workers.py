@@ -177,7 +177,7 @@ def two_threads(rank, world_size, init_method, n=40):
     def issue(parity: int) -> None:
         for i in range(parity, n, 2):
             with turn:
-                turn.wait_for(lambda: state["next"] == i)
+                turn.wait_for(lambda i=i: state["next"] == i)
                 t = torch.full((16,), float((rank + 1) * (i + 1)))
                 tensors[i] = t
                 works[i] = dist.all_reduce(t, async_op=True)
@@ -331,7 +331,7 @@ def memory_over_many_ops(rank, world_size, init_method, n=10_000):
 
     def burst(count):
         works = []
-        for i in range(count):
+        for _ in range(count):
             works.append(dist.all_reduce(torch.ones(4096), async_op=True))
             if len(works) == 64:
                 for w in works:

@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from delaycomm.sim import cli
-from delaycomm.sim import simulate
+from delaycomm.sim import cli, simulate
 from delaycomm.sim.engine import SIM_DELAY_STREAM
 
 from ._fakes import small

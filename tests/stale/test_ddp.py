@@ -42,7 +42,8 @@ def _train(rank, cfg_kwargs, hook, steps=40):
             losses.append(loss.item())
         delaycomm.flush(group)
     st = delaycomm.stats(group)["staleness"]
-    runtime = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)]
+    runtime = [str(w.message) for w in caught
+               if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)]
     return {"final": float(np.mean(losses[-10:])), "first": float(np.mean(losses[:5])), "stats": st,
             "warnings": runtime}
 

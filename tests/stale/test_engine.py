@@ -1,4 +1,5 @@
-"""The staleness engine against an independent NumPy model of docs/staleness.md ("The model") (real ranks, real Gloo)."""
+"""The staleness engine against an independent NumPy model of docs/staleness.md, "The model" (real ranks, real
+Gloo)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def reference(world, grads, delays_ns, policy, mode, bound, alpha, average):
 
     Returns (outputs[t], pending) where pending lists the contributions not delivered by the last step.
     """
-    step_ns = int(round(STEP_MS * 1e6))
+    step_ns = round(STEP_MS * 1e6)
     arrivals = {}  # step -> list of (rank, origin)
     outs = []
     for t, (g_t, d_t) in enumerate(zip(grads, delays_ns)):
@@ -78,8 +79,6 @@ def _engine_ranks(rank, world, policy, staleness, steps, dtype_name, delay):
 
 
 def _delays(world, steps, delay):
-    import delaycomm
-
     # The shared schedule, computed here exactly as every rank computes it (same seed, fraction, stream).
     from delaycomm import _C
 

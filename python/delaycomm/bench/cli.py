@@ -114,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Settings, int | None]:
     """Cross-flag checks and the Settings; (settings, ranks to spawn or None under torchrun)."""
-    import delaycomm
     import torch
 
+    import delaycomm
     from delaycomm.bench.launch import torchrun_rank, under_torchrun
 
     if a.minbytes > a.maxbytes:
@@ -133,7 +133,7 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
     if a.op == "avg" and not a.datatype.startswith(("float", "bfloat")):
         p.error(f"argument -o/--op: avg needs a floating dtype, got -d {a.datatype}")
     if under_torchrun():
-        rank, world = torchrun_rank()
+        _, world = torchrun_rank()
         if a.nproc is not None and a.nproc != world:
             p.error(f"argument --nproc: {a.nproc} conflicts with WORLD_SIZE={world} from the launcher")
         nproc = None

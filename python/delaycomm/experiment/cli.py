@@ -23,7 +23,7 @@ _PLOT_SUFFIXES = (".png", ".pdf", ".svg")
 class _Parser(argparse.ArgumentParser):
     """An ArgumentParser that raises ValueError (main turns it into exit status 2) instead of exiting."""
 
-    def error(self, message: str):  # noqa: D102
+    def error(self, message: str):
         raise ValueError(message)
 
 
@@ -47,7 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--budget", type=argtypes.number(0.0, lo_open=True), default=None, metavar="SECONDS",
                    help="wall-clock training budget per config: stop at the first step past it")
     p.add_argument("--batch-size", type=argtypes.integer(1), default=32, help="samples per rank per step (default: 32)")
-    p.add_argument("--lr", type=argtypes.number(0.0, lo_open=True), default=0.05, help="SGD learning rate (default: 0.05)")
+    p.add_argument("--lr", type=argtypes.number(0.0, lo_open=True), default=0.05,
+                   help="SGD learning rate (default: 0.05)")
     p.add_argument("--momentum", type=argtypes.number(0.0, 1.0, hi_open=True), default=0.9,
                    help="SGD momentum, in [0, 1) (default: 0.9)")
     p.add_argument("--seed", type=argtypes.integer(0, 2**63 - 1), default=0,

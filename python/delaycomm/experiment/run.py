@@ -76,7 +76,7 @@ def run_experiment(hp: Hyper, configs: Sequence[ExperimentConfig], progress: boo
             bar.set_description(config.name)
             done = [0]
 
-            def advance(n: int) -> None:
+            def advance(n: int, done: list[int] = done) -> None:
                 done[0] += n
                 bar.update(n)
 

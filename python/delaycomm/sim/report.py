@@ -174,7 +174,8 @@ def _pyplot():
     return plt
 
 
-def plot_loss(series: Sequence[tuple[str, Sequence[RunResult]]], path: str, title: str, optimum: float | None = None) -> str:
+def plot_loss(series: Sequence[tuple[str, Sequence[RunResult]]], path: str, title: str,
+              optimum: float | None = None) -> str:
     """Plot loss against simulated wall clock, one line per series.
 
     The line is the first seed's run; with several seeds a band shows the
