@@ -6,6 +6,7 @@
 # On a 2-core machine the stages overlap where they can: the CUDA check's venv (a 5.5 GB torch) and build run in
 # the background, at low priority, while the CPU build and the tests run; the gate runs last, on a quiet machine.
 #   DELAYCOMM_SKIP_CUDA_CHECK=1   skip the CUDA compile check
+#   DELAYCOMM_TEST_WORKERS=N      pytest workers of the test stage (default 2; 0: one process)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -48,9 +49,13 @@ stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
 # NOTE: `ruff check` only (pyproject.toml's configuration): `ruff format --check` and `clang-format --dry-run` join
 # this stage when the tree is formatted (one commit, when no other branch is open); scripts/lint.sh runs all three.
 stage "lint: ruff check" "$root/.venv/bin/ruff" check --no-cache "$root"
-# One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting).
+# One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting), on
+# two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
+# --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
+# ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
 stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
-  "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20
+  "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20 \
+  -n "${DELAYCOMM_TEST_WORKERS:-2}" --dist loadfile
 
 if [ -n "$cuda_pid" ]; then
   stage "CUDA compile check: waiting for the background job" cuda_prepared

@@ -209,6 +209,13 @@ def delay_beyond_timeout(rank, world_size, init_method):
     except Exception as e:  # noqa: BLE001 - reported
         outcome = (type(e).__name__, str(e))
     elapsed = time.monotonic() - t0
+    # NOTE: rank 0 stays until rank 1 has its outcome: a rank that returned is torn down (its held op issued at
+    # destroy), which could complete rank 1's op before rank 1's own timeout. A store of its own, not the group.
+    sync = dist.FileStore(init_method.removeprefix("file://") + ".sync", world_size)
+    if rank == 1:
+        sync.set("outcome", outcome[0])
+    else:
+        sync.wait(["outcome"], timedelta(seconds=20))
     return {"outcome": outcome, "elapsed": elapsed}
 
 
