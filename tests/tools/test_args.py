@@ -39,6 +39,14 @@ def test_sizes():
     assert _refuses(args.size_list, ",") == "',': expected a comma-separated list of sizes such as 1M,16M"
 
 
+def test_parse_size_takes_the_callers_bound():
+    from delaycomm._tools.units import parse_size
+
+    assert parse_size("1GiB", max_bytes=1 << 30) == 1 << 30
+    with pytest.raises(ValueError, match=r"^'2G' is out of range; expected a size in \[1 B, 1 GiB\]$"):
+        parse_size("2G", max_bytes=1 << 30)
+
+
 @pytest.mark.parametrize("text, spec", [(" exp:p99=400ms ", "exp:p99=400ms"), ("off", "none"), ("0", "none"),
                                         ("const:5ms", "const:5ms")])
 def test_delay_spec_accepts_the_backends_syntax(text, spec):

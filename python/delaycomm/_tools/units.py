@@ -15,18 +15,23 @@ SIZE_SYNTAX = "a whole number of bytes with an optional binary unit: 8, 512B, 4K
 MAX_SIZE = 16 << 30
 
 
-def parse_size(text: str) -> int:
+def parse_size(text: str, max_bytes: int = MAX_SIZE) -> int:
     """Parse ``8``, ``512B``, ``4K``, ``64M``, ``1G`` (or ``KiB/MiB/GiB``) into bytes.
 
+    Args:
+        text: the size.
+        max_bytes: the largest size accepted (default 16 GiB).
+
     Raises:
-        ValueError: anything else (decimal units such as ``MB`` are refused: ambiguous), zero, or more than 16 GiB.
+        ValueError: anything else (decimal units such as ``MB`` are refused: ambiguous), zero, or more than
+            ``max_bytes``.
     """
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
+    m = re.fullmatch(r"\s*(\d{1,30})\s*([A-Za-z]*)\s*", text)
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(f"{text!r} is not a size; expected {SIZE_SYNTAX}")
     n = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    if n <= 0 or n > MAX_SIZE:
-        raise ValueError(f"{text!r} is out of range; expected a size in [1 B, 16 GiB]")
+    if n <= 0 or n > max_bytes:
+        raise ValueError(f"{text!r} is out of range; expected a size in [1 B, {format_size(max_bytes)}]")
     return n
 
 
