@@ -67,6 +67,9 @@ def torchrun_rank() -> tuple[int, int]:
 
 
 def _rank_main(target: Callable[..., Any], rank: int, nproc: int, args: tuple, messages, env: dict[str, str]) -> None:
+    # The caller's environment at the call, whatever the start method (a fork server's children would otherwise
+    # have the environment the server started with).
+    os.environ.clear()
     os.environ.update(env)
     os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc)})
 
@@ -102,8 +105,8 @@ def run_ranks(target: Callable[..., Any], nproc: int, args: Sequence[Any] = (), 
         start_method: ``spawn`` or ``forkserver`` (never ``fork``: the parent may hold threads of torch's).
         preload: modules the fork server imports once (``forkserver`` only): each rank then starts without
             importing torch again.
-        env: environment variables set in each rank before ``target`` runs (RANK, LOCAL_RANK and WORLD_SIZE are
-            set too).
+        env: environment variables set in each rank before ``target`` runs, over the caller's environment at the
+            call (RANK, LOCAL_RANK and WORLD_SIZE are set too).
         deadline_s: stop every rank after this many seconds (None: no deadline).
         grace_s: after the first error, how long the other ranks get to report before they are stopped.
         on_message: called in the parent with ``(kind, rank, payload)`` for each :func:`post` of a rank.
@@ -125,7 +128,8 @@ def run_ranks(target: Callable[..., Any], nproc: int, args: Sequence[Any] = (), 
     if preload:
         ctx.set_forkserver_preload(list(preload))
     messages = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(target, r, nproc, tuple(args), messages, dict(env or {})),
+    rank_env = {**os.environ, **(env or {})}
+    procs = [ctx.Process(target=_rank_main, args=(target, r, nproc, tuple(args), messages, rank_env),
                          name=f"{name}{r}", daemon=True) for r in range(nproc)]
     started = time.monotonic()
     deadline = started + deadline_s if deadline_s is not None else float("inf")
