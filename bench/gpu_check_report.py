@@ -157,9 +157,10 @@ def summary(rec: dict[str, Any]) -> str:
     lines.append(f"  {'total':<18}{'':>8}{total:>7}s")
     for name, t in rec["tests"].items():
         if t:
+            failed = "".join(f"\n#   FAILED {x['test']}: {x['message'].splitlines()[0][:160] if x['message'] else ''}"
+                             for x in t["failed"])
             lines.append(f"# {name}: {t['passed']} passed, {t['failures'] + t['errors']} failed, {t['skipped']} "
-                         "skipped" + "".join(f"\n#   FAILED {x['test']}: {x['message'].splitlines()[0][:160] if x['message'] else ''}"
-                                     for x in t["failed"]))
+                         "skipped" + failed)
     ev = rec["evidence"]
     for key in ("nccl_default_settings", "nccl_user_settings"):
         if ev.get(key):

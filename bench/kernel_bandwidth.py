@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import platform
 import statistics
 import sys
@@ -39,6 +38,10 @@ import torch
 
 import delaycomm
 from delaycomm import _C
+from delaycomm._tools import table as tools_table
+from delaycomm._tools.args import size_list
+from delaycomm._tools.output import write_json
+from delaycomm._tools.table import Column
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16, "float16": torch.float16}
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
@@ -153,40 +156,44 @@ def time_calls(fn: Callable[[], None], device: str, repeats: int) -> list[float]
 
 def percentile(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def run_case(case: Case, device: str, warmup: int, iters: int, rounds: int) -> dict[str, list[float]]:
     """Interleaves the implementations: `rounds` rounds, each timing iters // rounds calls of each."""
     samples: dict[str, list[float]] = {name: [] for name in IMPLS}
-    for name, impl in IMPLS.items():
-        time_calls(lambda: impl(case), device, warmup)
+    for impl in IMPLS.values():
+        time_calls(lambda impl=impl: impl(case), device, warmup)
     per_round = max(1, iters // rounds)
     for _ in range(rounds):
         for name, impl in IMPLS.items():
-            samples[name] += time_calls(lambda: impl(case), device, per_round)
+            samples[name] += time_calls(lambda impl=impl: impl(case), device, per_round)
     return samples
 
 
 # ---- reporting: one schema for the table and the JSON -------------------------------------------------------------
 
 # (key, header, unit, format): the table's header, units row and rows are generated from this.
+def _bytes_cell(key: str) -> Callable[[dict[str, Any]], str]:
+    return lambda row: format_bytes(row[key])
+
+
 COLUMNS = [
-    ("size_bytes", "size", "B", "{}"),
-    ("dtype", "type", "", "{}"),
-    ("stale", "stale", "", "{}"),
-    ("stash", "stash", "", "{}"),
-    ("moved_bytes", "moved", "B", "{}"),
-    ("fused_p50_us", "fused", "us", "{:.1f}"),
-    ("unfused_p50_us", "unfused", "us", "{:.1f}"),
-    ("unfused_acc_p50_us", "unf_acc", "us", "{:.1f}"),
-    ("copy_p50_us", "copy", "us", "{:.1f}"),
-    ("fused_GBps", "fused", "GB/s", "{:.1f}"),
-    ("unfused_GBps", "unfused", "GB/s", "{:.1f}"),
-    ("copy_GBps", "copy", "GB/s", "{:.1f}"),
-    ("fused_over_copy", "fused/copy", "", "{:.2f}"),
-    ("unfused_over_fused", "unfused/fused", "", "{:.2f}"),
-    ("unfused_acc_over_fused", "unf_acc/fused", "", "{:.2f}"),
+    Column("size", "B", _bytes_cell("size_bytes")),
+    Column("type", "", key="dtype"),
+    Column("stale", "", key="stale"),
+    Column("stash", "", lambda row: "yes" if row["stash"] else "no"),
+    Column("moved", "B", _bytes_cell("moved_bytes")),
+    Column("fused", "us", key="fused_p50_us", fmt="{:.1f}"),
+    Column("unfused", "us", key="unfused_p50_us", fmt="{:.1f}"),
+    Column("unf_acc", "us", key="unfused_acc_p50_us", fmt="{:.1f}"),
+    Column("copy", "us", key="copy_p50_us", fmt="{:.1f}"),
+    Column("fused", "GB/s", key="fused_GBps", fmt="{:.1f}"),
+    Column("unfused", "GB/s", key="unfused_GBps", fmt="{:.1f}"),
+    Column("copy", "GB/s", key="copy_GBps", fmt="{:.1f}"),
+    Column("fused/copy", "", key="fused_over_copy", fmt="{:.2f}"),
+    Column("unfused/fused", "", key="unfused_over_fused", fmt="{:.2f}"),
+    Column("unf_acc/fused", "", key="unfused_acc_over_fused", fmt="{:.2f}"),
 ]
 
 
@@ -214,19 +221,9 @@ def summarize(size_bytes: int, dtype: str, stale: int, stash: bool, moved: int, 
 
 
 def format_table(rows: list[dict[str, Any]]) -> str:
-    """The header, units row and rows, all from COLUMNS; every column as wide as its widest cell."""
-    def cell(row: dict[str, Any], key: str, fmt: str) -> str:
-        value = row[key]
-        if key in ("size_bytes", "moved_bytes"):
-            value = format_bytes(value)
-        elif key == "stash":
-            value = "yes" if value else "no"
-        return fmt.format(value).strip()
-
-    table = [[h for _, h, _, _ in COLUMNS], [f"({u})" if u else "" for _, _, u, _ in COLUMNS]]
-    table += [[cell(row, key, fmt) for key, _, _, fmt in COLUMNS] for row in rows]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    return "\n".join(" ".join(c.rjust(w) for c, w in zip(line, widths)) for line in table)
+    """The header, units row and rows, all from COLUMNS (the tools' table: every column as wide as its widest
+    cell)."""
+    return tools_table.format_table(COLUMNS, rows, sep=" ")
 
 
 def settings_header(args: argparse.Namespace, device_name: str) -> dict[str, Any]:
@@ -251,24 +248,11 @@ def settings_header(args: argparse.Namespace, device_name: str) -> dict[str, Any
 # ---- command line -------------------------------------------------------------------------------------------------
 
 
-def parse_size(text: str) -> int:
-    text = text.strip()
-    mult = UNITS.get(text[-1:].upper(), 1)
-    digits = text[:-1] if text[-1:].upper() in UNITS else text
-    try:
-        n = int(digits) * mult
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"size must be an integer with an optional K/M/G suffix, got {text!r}")
-    if n <= 0:
-        raise argparse.ArgumentTypeError(f"size must be positive, got {text!r}")
-    return n
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the tensors live (default: cpu)")
-    p.add_argument("--sizes", help="comma-separated bucket sizes in bytes, K/M/G suffixes "
+    p.add_argument("--sizes", type=size_list, help="comma-separated bucket sizes in bytes, K/M/G suffixes "
                                    "(default: 1M,16M,64M on cpu; 64M,256M,1G on cuda)")
     p.add_argument("--dtypes", help="comma-separated dtypes among " + ", ".join(DTYPES) +
                                     " (default: float32,bfloat16)")
@@ -282,7 +266,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, help="torch intra-op threads on cpu (default: torch's)")
     p.add_argument("--json", metavar="FILE", help="write the settings and every row as JSON")
     args = p.parse_args(argv)
-    args.sizes = [parse_size(s) for s in (args.sizes or DEFAULT_SIZES[args.device]).split(",")]
+    args.sizes = args.sizes or size_list(DEFAULT_SIZES[args.device])
     names = (args.dtypes or DEFAULT_DTYPES[args.device]).split(",")
     for name in names:
         if name not in DTYPES:
@@ -323,8 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{row[f'{name}_p90_us'] / row[f'{name}_p50_us'] - 1:.0%} over p50; rerun with more --iters "
                   "or on a quieter machine", file=sys.stderr)
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump({"settings": settings, "rows": rows}, f, indent=1)
+        write_json(args.json, {"settings": settings, "rows": rows})
         print(f"# wrote {args.json}")
     return 0
 

@@ -136,7 +136,8 @@ def format_gate(verdicts: list[Verdict], max_added_us: float) -> str:
              f"over runs and a majority of runs exceed {max_added_us:g} us/call",
              f"# {'size':>8} {'path':<12} {'base ratio':>10} {'regression':>13} {'runs over':>9}  runs (us)  verdict"]
     for v in verdicts:
-        lines.append(f"  {_fmt_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} {v.regression_us:>+10.2f} us "
+        lines.append(f"  {_fmt_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} "
+                     f"{v.regression_us:>+10.2f} us "
                      f"{v.runs_over:>5}/{len(v.run_regression_us):<3}  "
                      f"{', '.join(f'{x:+.2f}' for x in v.run_regression_us)}  {'FAIL' if v.failed else 'ok'}")
     failed = [v for v in verdicts if v.failed]
@@ -385,9 +386,9 @@ def main(argv: list[str] | None = None) -> int:
         record["argv"] = ["python", "bench/percall.py", *argv]
     record["rows"] = rows(record)
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
+        from delaycomm._tools.output import write_json
+
+        write_json(a.json, record)
     print(format_table(record))
     if a.json:
         print(f"# record: {a.json}")

@@ -90,7 +90,7 @@ def calibrate(us: float, trials: int = 7) -> dict[str, float]:
     """
     n = 200_000
     best = min(_cpu_ns(n) for _ in range(trials)) / n
-    return {"inject_us": us, "iterations": int(round(us * 1e3 / best)), "ns_per_iteration": round(best, 4)}
+    return {"inject_us": us, "iterations": round(us * 1e3 / best), "ns_per_iteration": round(best, 4)}
 
 
 def _cpu_ns(n: int) -> int:
@@ -202,11 +202,13 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
         sync()
         wrong = sum(int((t != 1).sum()) for it in items for t in it["t"])
         if wrong:
-            raise RuntimeError(f"{wrong} elements changed: an all_reduce SUM over one rank must leave its input as it was")
+            raise RuntimeError(f"{wrong} elements changed: an all_reduce SUM over one rank must leave its input as it "
+                               "was")
         st = delaycomm.stats(dc)["ops"].get("allreduce", {})
         counted = st.get("calls", 0)
         if counted != calls_made:
-            raise RuntimeError(f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made {calls_made}")
+            raise RuntimeError(f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made "
+                               f"{calls_made}")
         checks = {"delaycomm_backend": be, "raw_backend": raw_name, "wrong_elements": wrong,
                   "delaycomm_calls_counted": counted, "delaycomm_calls_made": calls_made, "injection": injection}
         for it in items:

@@ -16,7 +16,7 @@ import torch
 from delaycomm import _C
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import kernel_bandwidth as kb  # noqa: E402
+import kernel_bandwidth as kb
 
 _has_cuda = torch.cuda.is_available() and bool(_C.cuda_compiled)
 DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(

@@ -36,6 +36,22 @@ def _backend(name, device):
     return RAW[device] if name == "raw" else "delaycomm"
 
 
+def _sequence(group, device):
+    """The group's collective count on ``device`` (c10d's sequence number: one per collective issued)."""
+    return group._get_backend(torch.device(device))._get_sequence_number_for_group()
+
+
+def _counted(fn):
+    """``fn`` and a list whose one element counts its calls."""
+    calls = [0]
+
+    def counted():
+        calls[0] += 1
+        fn()
+
+    return counted, calls
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("nbytes", [8, 65536])
 @pytest.mark.parametrize("which", ["raw", "delaycomm"])
@@ -49,8 +65,13 @@ def test_all_reduce_call(benchmark, groups, device, nbytes, which):
             torch.cuda.synchronize()
 
     benchmark.group = f"all_reduce {device} {nbytes} B, world size 1"
+    call, calls = _counted(call)
+    before = _sequence(group, device)
     benchmark(call)
-    assert t.eq(1).all()  # SUM over one rank leaves the data as it was
+    # NOTE: SUM over one rank leaves the data as it was, so the data alone cannot tell that anything ran: the
+    # group's sequence number says every call issued its collective.
+    assert calls[0] >= 1 and _sequence(group, device) - before == calls[0]
+    assert t.eq(1).all()
 
 
 @pytest.mark.parametrize("which", ["raw", "delaycomm"])
@@ -62,7 +83,10 @@ def test_async_all_reduce_then_wait(benchmark, groups, which):
         dist.all_reduce(t, group=group, async_op=True).wait()
 
     benchmark.group = "all_reduce cpu 8 B async + wait, world size 1"
+    call, calls = _counted(call)
+    before = _sequence(group, "cpu")
     benchmark(call)
+    assert calls[0] >= 1 and _sequence(group, "cpu") - before == calls[0]
     assert t.eq(1).all()
 
 

@@ -2,7 +2,8 @@
 # Lint and format checks: ruff (lint + format) for Python, clang-format for C++/CUDA, with the configuration in
 # pyproject.toml ([tool.ruff]) and .clang-format; the tools are the versions pinned by the `lint` extra.
 #   scripts/lint.sh [--fix] [VENV]     --fix: apply the fixes and the formatting instead of reporting them
-# NOTE: not yet a CI stage: the tree is formatted once, in one commit, when no other branch is open.
+# NOTE: CI runs the `ruff check` part (scripts/test.sh); the format checks join it once the tree is formatted (in
+# one commit, when no other branch is open).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -14,6 +15,7 @@ if [ ! -x "$venv/bin/python" ]; then
   exit 2
 fi
 mapfile -t tools < <(python3 -c 'import tomllib; print("\n".join(tomllib.load(open("pyproject.toml", "rb"))["project"]["optional-dependencies"]["lint"]))')
+# scripts/setup.sh installs them; a venv made otherwise gets them here (a no-op when the pinned versions are there)
 "$venv/bin/python" -m pip -q --disable-pip-version-check install "${tools[@]}"
 bin="$venv/bin"
 mapfile -t cxx < <(git ls-files 'csrc/*.cpp' 'csrc/*.hpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh')

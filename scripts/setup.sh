@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a virtual environment with torch and the tools, and builds delaycomm into it.
 #   scripts/setup.sh [VENV [TORCH_VERSION]]      defaults: .venv, and torch-cpu of pyproject.toml
-# What it installs besides torch is pyproject.toml's list (build requirements, dependencies, the `test` extra).
+# What it installs besides torch is pyproject.toml's list (build requirements, dependencies, the `test` and `lint`
+# extras: the linters are small wheels, and CI lints in the same venv).
 #   DELAYCOMM_NO_BUILD=1     install only
 #   DELAYCOMM_BUILD_DIR=DIR  the build directory (default build/torch-VERSION)
 #   DELAYCOMM_BUILD_ARGS     more arguments for `pip install` of delaycomm (e.g. -Ccmake.define.X=Y)
@@ -21,7 +22,7 @@ fi
 # --no-compile: no .pyc for all of torch up front; Python writes them for what is imported, when it is.
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 mapfile -t requirements < <(pyproject requirements)
-echo "# installing torch==$torch_version and ${#requirements[@]} build and test requirements (pyproject.toml)" >&2
+echo "# installing torch==$torch_version and ${#requirements[@]} build, test and lint requirements (pyproject.toml)" >&2
 "${pip[@]}" install --no-compile "torch==$torch_version" "${requirements[@]}"
 if [ "${DELAYCOMM_NO_BUILD:-0}" = 1 ]; then
   exit 0

@@ -3,9 +3,11 @@
 # test, (where nvcc is present) the proof that the CUDA sources compile against a CUDA build of torch, and the
 # performance gate. Each stage prints its wall-clock and CPU seconds; docs/ci.md says what each costs and why.
 #
-# On a 2-core machine the stages overlap where they can: the CUDA check's venv (a 5.5 GB torch) and build run in
-# the background, at low priority, while the CPU build and the tests run; the gate runs last, on a quiet machine.
+# On a 2-core machine the stages overlap where they can: the CUDA check (its venv with a 5.5 GB torch, the build,
+# the import and its few tests) runs in the background, at low priority, while the CPU build and the tests run; the
+# gate runs last, on a quiet machine.
 #   DELAYCOMM_SKIP_CUDA_CHECK=1   skip the CUDA compile check
+#   DELAYCOMM_TEST_WORKERS=N      pytest workers of the test stage (default 2; 0: one process)
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -29,9 +31,14 @@ finish() {
 }
 trap finish EXIT
 if [ "${DELAYCOMM_SKIP_CUDA_CHECK:-0}" != 1 ] && command -v "${CUDACXX:-nvcc}" >/dev/null; then
-  echo "# CUDA compile check: venv and build started in the background (log: build/cuda-check.log)"
+  echo "# CUDA compile check: venv, build, import and tests started in the background (log: build/cuda-check.log)"
+  # NOTE: the second half (import the CUDA build, run a few CPU tests against it) follows the build in the
+  # background too: it needs nothing of the foreground's, and at nice 10 it takes what the test workers leave.
   setsid nice -n 10 bash -c '. scripts/lib.sh; rc=0
     stage "CUDA compile check: venv and build (background, nice 10)" scripts/cuda-check.sh prepare || rc=$?
+    if [ $rc = 0 ]; then
+      stage "CUDA compile check: import and CPU tests (background, nice 10)" scripts/cuda-check.sh test || rc=$?
+    fi
     echo $rc >build/cuda-check.status' >build/cuda-check.log 2>&1 &
   cuda_pid=$!
 fi
@@ -45,14 +52,20 @@ cuda_prepared() {
 }
 
 stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
-# One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting).
+# NOTE: `ruff check` only (pyproject.toml's configuration): `ruff format --check` and `clang-format --dry-run` join
+# this stage when the tree is formatted (one commit, when no other branch is open); scripts/lint.sh runs all three.
+stage "lint: ruff check" "$root/.venv/bin/ruff" check --no-cache "$root"
+# One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting), on
+# two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
+# --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
+# ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
 stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
-  "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20
+  "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20 \
+  -n "${DELAYCOMM_TEST_WORKERS:-2}" --dist loadfile
 
 if [ -n "$cuda_pid" ]; then
   stage "CUDA compile check: waiting for the background job" cuda_prepared
   wait "$cuda_pid"
-  stage "CUDA compile check: import and CPU tests" scripts/cuda-check.sh test
 fi
 if [ -x .ci/bench-gate.sh ]; then
   stage "performance gate against the committed baseline" .ci/bench-gate.sh "$py"

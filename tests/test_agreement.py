@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dist_utils import run_ranks
+from tests.harness import run_procs
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -74,7 +74,7 @@ def _attempts(rank, world, cases, rdzv):
 @pytest.fixture(scope="module")
 def mismatch_runs(tmp_path_factory):
     cases = [(name, v0, v1) for name, (v0, v1, _) in MISMATCH.items()]
-    return run_ranks(_attempts, 2, cases, str(tmp_path_factory.mktemp("rdzv") / "r"), timeout=240)
+    return run_procs(_attempts, 2, cases, str(tmp_path_factory.mktemp("rdzv") / "r"), timeout=240)
 
 
 @pytest.mark.timeout(300)
@@ -112,7 +112,7 @@ def _reuse_store(rank, world):
 
 @pytest.mark.timeout(120)
 def test_a_group_recreated_on_the_same_store_agrees_afresh():
-    res = run_ranks(_reuse_store, 2, timeout=90)
+    res = run_procs(_reuse_store, 2, timeout=90)
     line = ("  seed: '1' on rank 0 (from the keyword seed= of DelayConfig); '2' on rank 1 (from the keyword seed= of "
             "DelayConfig)")
     assert res[0] == res[1] == [line, [2.0, 2.0]]
@@ -153,7 +153,7 @@ ENV_ATTEMPTS = [
 
 @pytest.fixture(scope="module")
 def env_runs(tmp_path_factory):
-    return run_ranks(_env_world, 2, ENV_ATTEMPTS, str(tmp_path_factory.mktemp("rdzv") / "r"), timeout=120)
+    return run_procs(_env_world, 2, ENV_ATTEMPTS, str(tmp_path_factory.mktemp("rdzv") / "r"), timeout=120)
 
 
 @pytest.mark.timeout(150)
@@ -207,7 +207,7 @@ def test_trace_files_are_compared_by_content_not_path(tmp_path):
     same1.write_text("# another file, the same latencies\n2ms\n1ms\n")
     other.write_text("1ms\n3ms\n")
     attempts = [(str(same0), str(same1), str(tmp_path / "rdzv0")), (str(same0), str(other), str(tmp_path / "rdzv1"))]
-    res = run_ranks(_trace_world, 2, attempts, timeout=120)
+    res = run_procs(_trace_world, 2, attempts, timeout=120)
     assert res[0][0] == res[1][0] == 2.0  # different paths, one content: agreed
     d0 = __import__("delaycomm")._C.parse_delay_spec(f"trace:{same0}")["trace_digest"]
     d1 = __import__("delaycomm")._C.parse_delay_spec(f"trace:{other}")["trace_digest"]
@@ -250,7 +250,7 @@ def _subgroups(rank, world):
 
 @pytest.mark.timeout(150)
 def test_subgroups_compare_their_members_only():
-    res = run_ranks(_subgroups, 3, timeout=120)
+    res = run_procs(_subgroups, 3, timeout=120)
     assert res[0]["sub"] == "non-member"
     expected = ("delaycomm: group '1': the ranks give different values to options that must be the same on every "
                 "rank (every rank of the group raises this error):\n"
@@ -281,7 +281,7 @@ def _absent_peer(rank, world):
 
 @pytest.mark.timeout(120)
 def test_the_agreement_waits_no_longer_than_the_group_timeout():
-    res = run_ranks(_absent_peer, 2, timeout=90)
+    res = run_procs(_absent_peer, 2, timeout=90)
     kind, msg, seconds = res[0]
     assert kind == "DistStoreError", (kind, msg)
     assert msg == ("delaycomm: group '1' rank 0: creating the group timed out after 3 s (the group's timeout) waiting "

@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dist_utils import run_ranks
+from tests.harness import run_procs
 
 
 @pytest.mark.parametrize("template, rank, group, world, default, expected", [
@@ -63,7 +63,7 @@ def layouts(tmp_path_factory):
     for name in LAYOUTS:
         (root / name).mkdir()
     templates = [t.format(d=root / name) for name, (t, _) in LAYOUTS.items()]
-    run_ranks(_two_groups, 2, templates, str(root / "rdzv"), timeout=150)
+    run_procs(_two_groups, 2, templates, str(root / "rdzv"), timeout=150)
     return root
 
 
@@ -107,7 +107,7 @@ def test_an_unwritable_stats_path_fails_at_init_on_every_rank(tmp_path):
     for r in range(2):
         os.mkfifo(str(fifo).format(rank=r))
     cases = ["/proc/x.json", str(tmp_path / "fifo.json"), str(tmp_path / "{rank}" / "s.json")]
-    res = run_ranks(_unwritable, 2, cases, str(tmp_path / "rdzv"), timeout=90)
+    res = run_procs(_unwritable, 2, cases, str(tmp_path / "rdzv"), timeout=90)
     for rank in range(2):
         # torch names the world group by a counter that a failed init does not reset
         got = [re.sub(r"in group '\d+'", "in group 'G'", m or "") for m in res[rank]]

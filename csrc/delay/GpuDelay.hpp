@@ -10,7 +10,7 @@
 
 namespace delaycomm {
 
-// Network delay of one GPU collective (SPEC §4), host never blocked:
+// Network delay of one GPU collective (docs/delay.md, "GPU network delay"), host never blocked:
 //   1. an event on the caller's current stream, awaited by a side stream (the op's data dependency);
 //   2. the sleep kernel on the side stream (delay `ns`);
 //   3. `issue` runs with the side stream as the current stream, so the inner NCCL backend, which makes its own

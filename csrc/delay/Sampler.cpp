@@ -118,7 +118,7 @@ double normalQuantile(double p) {
     x = -(((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) /
         ((((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1);
   }
-  // One Halley step on Phi(x) - p brings the 1e-9 approximation to machine precision.
+  // Two Halley steps on Phi(x) - p bring the 1e-9 approximation to machine precision.
   for (int i = 0; i < 2; ++i) {
     const double e = normalCdf(x) - p;
     const double u = e * std::sqrt(2 * M_PI) * std::exp(x * x / 2);

@@ -20,7 +20,7 @@ std::pair<double, double> counterUniforms(uint64_t seed, uint64_t rank, uint64_t
 // Philox4x32-10 itself (exposed for tests).
 std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<uint32_t, 2> key);
 
-// Inverse of the standard normal CDF, accurate to ~1e-15 (Acklam's rational approximation + one Halley step).
+// Inverse of the standard normal CDF, accurate to ~1e-15 (Acklam's rational approximation + two Halley steps).
 double normalQuantile(double p);
 double normalCdf(double z);
 

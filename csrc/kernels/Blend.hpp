@@ -1,6 +1,6 @@
 #pragma once
 
-// The fused pack/blend kernel of the staleness engine (SPEC §5): one pass over a DDP bucket that, before its one
+// The fused pack/blend kernel of the staleness engine (docs/staleness.md): one pass over a DDP bucket that, before its one
 // SUM all-reduce, pre-scales this rank's fresh gradient, adds this rank's due stale contributions, and stashes
 // the unscaled fresh gradient when this rank's own contribution is deferred. Elementwise, over `n = grad.numel()`:
 //

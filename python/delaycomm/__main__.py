@@ -11,7 +11,7 @@ def main(argv: list[str] | None = None) -> int:
     from delaycomm._config import OPTIONS, format_value
 
     epilog = "options (keyword / environment variable / default / same on every rank):\n" + "\n".join(
-        f"  {o.name:<15} {o.env:<26} {str(o.default):<16} {'yes' if o.must_match else 'no':<4} {o.help}"
+        f"  {o.name:<15} {o.env:<26} {o.default!s:<16} {'yes' if o.must_match else 'no':<4} {o.help}"
         for o in OPTIONS
     ) + ("\n\nOptions marked 'yes' must have one value on every rank of a group: a difference is an error on every "
          "rank when the group is created.")
@@ -41,10 +41,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {'option':<15} {'value':<28} {'source':<36} same on every rank")
     for o in OPTIONS:
         v = format_value(o.name, cfg.values[o.name])
-        print(f"  {o.name:<15} {str(v):<28} {cfg.sources[o.name]:<36} {'yes' if o.must_match else 'no'}")
+        print(f"  {o.name:<15} {v!s:<28} {cfg.sources[o.name]:<36} {'yes' if o.must_match else 'no'}")
     for var in ("NCCL_ALGO", "NCCL_BUFFSIZE"):
-        print(f"  {var:<15} {str(nccl[var]['value']):<28} {nccl[var]['source']}")
-    print(f"  {'nccl_version':<15} {str(nccl['nccl_version']):<28}")
+        print(f"  {var:<15} {nccl[var]['value']!s:<28} {nccl[var]['source']}")
+    print(f"  {'nccl_version':<15} {nccl['nccl_version']!s:<28}")
     return 0
 
 

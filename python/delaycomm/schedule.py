@@ -1,7 +1,7 @@
 """Learning-rate schedules for training under delay.
 
-``EpochWarmup`` restarts a linear warmup at the start of every epoch (SPEC §5). It is a *multiplicative factor*
-on whatever learning rate the optimizer holds, so it composes with any other chainable scheduler
+``EpochWarmup`` restarts a linear warmup at the start of every epoch (docs/staleness.md). It is a *multiplicative
+factor* on whatever learning rate the optimizer holds, so it composes with any other chainable scheduler
 (``StepLR``, ``ExponentialLR``, ``MultiplicativeLR``, ``ChainedScheduler``, ...): stepping them together gives
 ``lr = base_lr * warmup_factor(t) * other_factor(t)``, whatever the order in which they are stepped.
 """

@@ -31,5 +31,5 @@ def register() -> None:
         if "delaycomm" in dist.Backend.backend_list:
             return
         dist.Backend.register_backend("delaycomm", _lazy_creator, extended_api=True, devices=["cpu", "cuda"])
-    except Exception:  # noqa: BLE001 - autoload must never break `import torch`
+    except Exception:  # autoload must never break `import torch` (logged with the traceback)
         logger.warning("delaycomm: could not register the backend at torch import", exc_info=True)

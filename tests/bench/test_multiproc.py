@@ -101,7 +101,7 @@ def test_the_check_catches_an_injected_wrong_result(tmp_path, capsys):
 @pytest.mark.timeout(90)
 def test_a_failing_rank_fails_the_run_at_once_with_its_traceback():
     # rank 0 waits in the rendezvous for rank 1, which is gone: the parent must not wait for the group timeout
-    with pytest.raises(launch.RunFailed, match="(?s)rank 1 failed:.*RuntimeError: rank 1 broke on purpose"):
+    with pytest.raises(launch.RunFailed, match=r"(?s)rank 1 failed:.*RuntimeError: rank 1 broke on purpose"):
         launch.spawn(2, settings(timeout_s=600.0), entry=failing_entry)
 
 
@@ -185,7 +185,7 @@ def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
                    "-C", "all_reduce,broadcast", "--json", str(out), "--plot", str(png), "--progress", "on"])
     stdout = capsys.readouterr().out
     assert status == 0, stdout
-    assert "#       size        count      type  redop" in stdout
+    assert "#         size        count      type  redop" in stdout
     assert "# all_reduce: busbw factor 2(n-1)/n, n = 2" in stdout
     assert "# broadcast: busbw factor 1, n = 2" in stdout
     data = json.loads(out.read_text())

@@ -177,7 +177,7 @@ def two_threads(rank, world_size, init_method, n=40):
     def issue(parity: int) -> None:
         for i in range(parity, n, 2):
             with turn:
-                turn.wait_for(lambda: state["next"] == i)
+                turn.wait_for(lambda i=i: state["next"] == i)
                 t = torch.full((16,), float((rank + 1) * (i + 1)))
                 tensors[i] = t
                 works[i] = dist.all_reduce(t, async_op=True)
@@ -209,6 +209,13 @@ def delay_beyond_timeout(rank, world_size, init_method):
     except Exception as e:  # noqa: BLE001 - reported
         outcome = (type(e).__name__, str(e))
     elapsed = time.monotonic() - t0
+    # NOTE: rank 0 stays until rank 1 has its outcome: a rank that returned is torn down (its held op issued at
+    # destroy), which could complete rank 1's op before rank 1's own timeout. A store of its own, not the group.
+    sync = dist.FileStore(init_method.removeprefix("file://") + ".sync", world_size)
+    if rank == 1:
+        sync.set("outcome", outcome[0])
+    else:
+        sync.wait(["outcome"], timedelta(seconds=20))
     return {"outcome": outcome, "elapsed": elapsed}
 
 
@@ -331,7 +338,7 @@ def memory_over_many_ops(rank, world_size, init_method, n=10_000):
 
     def burst(count):
         works = []
-        for i in range(count):
+        for _ in range(count):
             works.append(dist.all_reduce(torch.ones(4096), async_op=True))
             if len(works) == 64:
                 for w in works:

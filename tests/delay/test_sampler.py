@@ -13,46 +13,71 @@ import pytest
 import delaycomm
 from delaycomm import _C
 
-scipy_stats = pytest.importorskip("scipy.stats")
-
 KS_N = 10_000
 PCT_N = 1_000_000
 
 
-def _lognorm(p50, p99):
-    sigma = math.log(p99 / p50) / scipy_stats.norm.ppf(0.99)
-    return scipy_stats.lognorm(s=sigma, scale=p50)
+@pytest.fixture(scope="module")
+def scipy_stats():
+    """scipy.stats, for the tests that compare with a reference distribution (the others run without scipy)."""
+    return pytest.importorskip("scipy.stats")
 
 
-def _pareto(x1, q1, x2, q2):
+def _lognorm(st, p50, p99):
+    sigma = math.log(p99 / p50) / st.norm.ppf(0.99)
+    return st.lognorm(s=sigma, scale=p50)
+
+
+def _pareto(st, x1, q1, x2, q2):
     alpha = math.log((1 - q1) / (1 - q2)) / math.log(x2 / x1)
-    return scipy_stats.pareto(b=alpha, scale=x1 * (1 - q1) ** (1 / alpha))
+    return st.pareto(b=alpha, scale=x1 * (1 - q1) ** (1 / alpha))
 
 
-def _from_description(spec):
-    """The scipy distribution with the parameters the sampler solved for (3-percentile forms)."""
-    p = _C.DelaySampler(spec).describe()["parameters"]
-    if spec.startswith("lognormal"):
-        return scipy_stats.lognorm(s=p["sigma"], loc=p["shift_s"], scale=math.exp(p["mu"]))
-    return scipy_stats.pareto(b=p["shape"], loc=p["shift_s"], scale=p["scale_s"])
+def _shifted_lognorm(st, pcts):
+    """The shifted lognormal (shift + exp(mu + sigma Z)) through three percentiles, solved here with scipy's root
+    finder, independently of the sampler's own solution (a reference built from the sampler's parameters could
+    not catch a wrong solver)."""
+    from scipy.optimize import brentq
+
+    (q1, x1), (q2, x2), (q3, x3) = sorted(pcts.items())
+    z1, z2, z3 = st.norm.ppf([q1, q2, q3])
+    want = (z3 - z1) / (z2 - z1)
+    shift = brentq(lambda c: math.log((x3 - c) / (x1 - c)) / math.log((x2 - c) / (x1 - c)) - want, -100.0,
+                   x1 * (1 - 1e-12), xtol=1e-15)
+    sigma = math.log((x2 - shift) / (x1 - shift)) / (z2 - z1)
+    return st.lognorm(s=sigma, loc=shift, scale=math.exp(math.log(x1 - shift) - sigma * z1))
 
 
-# spec -> a reference distribution built independently of the sampler (scipy), and the requested percentiles.
+def _shifted_pareto(st, pcts):
+    """The shifted Pareto (survival (scale / (x - shift))^b) through three percentiles, solved here as above."""
+    from scipy.optimize import brentq
+
+    (q1, x1), (q2, x2), (q3, x3) = sorted(pcts.items())
+    want = math.log((1 - q3) / (1 - q2)) / math.log((1 - q2) / (1 - q1))
+    shift = brentq(lambda c: math.log((x3 - c) / (x2 - c)) / math.log((x2 - c) / (x1 - c)) - want, -100.0,
+                   x1 * (1 - 1e-12), xtol=1e-15)
+    b = -math.log((1 - q2) / (1 - q1)) / math.log((x2 - shift) / (x1 - shift))
+    return st.pareto(b=b, loc=shift, scale=(x1 - shift) * (1 - q1) ** (1 / b))
+
+
+# spec -> (a reference distribution built independently of the sampler, from scipy.stats; the requested
+# percentiles)
 FAMILIES = {
-    "exp:p99=400ms": (scipy_stats.expon(scale=0.4 / math.log(100)), {0.99: 0.4}),
-    "exp:mean=400ms": (scipy_stats.expon(scale=0.4), {}),
-    "exp:p50=60ms": (scipy_stats.expon(scale=0.06 / math.log(2)), {0.5: 0.06}),
-    "lognormal:p50=60ms,p99=400ms": (_lognorm(0.06, 0.4), {0.5: 0.06, 0.99: 0.4}),
-    "lognormal:p50=60ms,p99=400ms,p999=2s": (None, {0.5: 0.06, 0.99: 0.4, 0.999: 2.0}),
-    "pareto:p50=60ms,p99=400ms": (_pareto(0.06, 0.5, 0.4, 0.99), {0.5: 0.06, 0.99: 0.4}),
-    "pareto:p50=60ms,p99=400ms,p999=700ms": (None, {0.5: 0.06, 0.99: 0.4, 0.999: 0.7}),
+    "exp:p99=400ms": (lambda st: st.expon(scale=0.4 / math.log(100)), {0.99: 0.4}),
+    "exp:mean=400ms": (lambda st: st.expon(scale=0.4), {}),
+    "exp:p50=60ms": (lambda st: st.expon(scale=0.06 / math.log(2)), {0.5: 0.06}),
+    "lognormal:p50=60ms,p99=400ms": (lambda st: _lognorm(st, 0.06, 0.4), {0.5: 0.06, 0.99: 0.4}),
+    "lognormal:p50=60ms,p99=400ms,p999=2s": (lambda st: _shifted_lognorm(st, {0.5: 0.06, 0.99: 0.4, 0.999: 2.0}),
+                                             {0.5: 0.06, 0.99: 0.4, 0.999: 2.0}),
+    "pareto:p50=60ms,p99=400ms": (lambda st: _pareto(st, 0.06, 0.5, 0.4, 0.99), {0.5: 0.06, 0.99: 0.4}),
+    "pareto:p50=60ms,p99=400ms,p999=700ms": (
+        lambda st: _shifted_pareto(st, {0.5: 0.06, 0.99: 0.4, 0.999: 0.7}), {0.5: 0.06, 0.99: 0.4, 0.999: 0.7}),
 }
 
 
 @pytest.mark.parametrize("spec", FAMILIES)
-def test_ks_against_the_requested_cdf(spec):
-    ref, _ = FAMILIES[spec]
-    ref = ref if ref is not None else _from_description(spec)
+def test_ks_against_the_requested_cdf(spec, scipy_stats):
+    ref = FAMILIES[spec][0](scipy_stats)
     x = delaycomm.DelaySampler(spec, seed=1234, rank=0).sample_many(KS_N)
     assert scipy_stats.kstest(x, ref.cdf).pvalue > 0.01
     # The sampler's own CDF is the same function.
@@ -91,7 +116,7 @@ def test_rate_0_0025_per_ms_is_a_mean_of_400ms_not_a_p99_of_400ms():
     assert by_p99.describe()["parameters"]["rate_per_s"] * 1e-3 == pytest.approx(0.0115, abs=1e-4)
 
 
-def test_const_and_trace(tmp_path):
+def test_const_and_trace(tmp_path, scipy_stats):
     x = delaycomm.DelaySampler("const:50ms").sample_many(1000)
     assert np.all(x == 0.05)
     values = np.random.default_rng(3).lognormal(mean=-3, sigma=0.7, size=2000)

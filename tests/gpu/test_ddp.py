@@ -10,7 +10,6 @@ GPU_CHECK_DEVICE=cpu rehearses the same script and checks over Gloo.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 

@@ -12,7 +12,7 @@ from delaycomm.sim import ProblemConfig, SimConfig, StepConfig
 class FakeSampler:
     """Test-only stand-in for ``delaycomm.DelaySampler`` (same call shape).
 
-    Supports ``const:X`` and ``exp:mean=X`` with X in seconds, or an explicit
+    Supports ``const:X`` and ``exp:mean=X`` with X in seconds (or ``ms``/``s``), or an explicit
     list of delays (then index k returns ``values[k % len(values)]``). Delay k
     of a stream is a pure function of (seed, rank, stream, k), like the real
     sampler's counter-based RNG. Records every ``sample_many`` call.
@@ -27,9 +27,9 @@ class FakeSampler:
             return
         kind, _, arg = spec.partition(":")
         if kind == "const":
-            self.kind, self.mean = "const", float(arg)
+            self.kind, self.mean = "const", _seconds(arg)
         elif kind == "exp" and arg.startswith("mean="):
-            self.kind, self.mean = "exp", float(arg[5:])
+            self.kind, self.mean = "exp", _seconds(arg[5:])
         else:
             raise ValueError(f"FakeSampler: unsupported spec {spec!r}")
 
@@ -42,6 +42,13 @@ class FakeSampler:
             return np.full(n, self.mean)
         rng = np.random.default_rng([self.seed, self.rank, stream])
         return rng.exponential(self.mean, size=start + n)[start:]
+
+
+def _seconds(text: str) -> float:
+    """``0.5``, ``0.5s`` or ``500ms`` in seconds (the CLI passes the backend's syntax, which needs a unit)."""
+    if text.endswith("ms"):
+        return float(text[:-2]) / 1e3
+    return float(text.removesuffix("s"))
 
 
 def small(**overrides) -> SimConfig:

@@ -86,7 +86,8 @@ def test_delay_fraction_zero_means_no_delay():
      (6, 1.5, "uniform:0.5", 500.0, 3), (3, 6.0, "lognormal:0.8", 1200.0, 4)],
 )
 def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budget, seed):
-    # Every worker always busy, no network delay: by Little's law the mean over updates is exactly N - 1 in steady state.
+    # Every worker always busy, no network delay: by Little's law the mean over updates is exactly N - 1 in steady
+    # state.
     r = simulate(small(model="asp", workers=workers, straggler=straggler, jitter=jitter, budget=budget, seed=seed))
     assert r.updates > 2500
     assert r.mean_staleness == pytest.approx(workers - 1, rel=0.02)
@@ -103,7 +104,8 @@ def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budge
 )
 def test_ssp_max_staleness_never_exceeds_bound(workers, s, straggler, jitter, delay, seed):
     cfg = small(model=f"lead:{s}", workers=workers, straggler=straggler, jitter=jitter, budget=40.0, seed=seed,
-                delay="none" if delay == "none" else "exp:mean=0.7", delay_where="host" if delay == "host" else "network")
+                delay="none" if delay == "none" else "exp:mean=0.7",
+                delay_where="host" if delay == "host" else "network")
     samplers = None if delay == "none" else [FakeSampler("exp:mean=0.7", seed, i) for i in range(workers)]
     r = simulate(cfg, samplers)
     bound = (workers - 1) * (2 * s - 1) + ((s - 1) if delay == "network" else 0)
@@ -196,7 +198,8 @@ class _Bad:
 @pytest.mark.parametrize("out", [np.full(256, -1.0), np.full(256, np.nan), np.zeros(3)])
 def test_misbehaving_sampler_is_rejected(out):
     cfg = small(workers=1, stragglers=0)
-    with pytest.raises(ValueError, match=r"simulate: delay sampler's sample_many\(256\) must return 256 finite delays >= 0"):
+    with pytest.raises(ValueError,
+                       match=r"simulate: delay sampler's sample_many\(256\) must return 256 finite delays >= 0"):
         simulate(cfg, [_Bad(out)])
 
 

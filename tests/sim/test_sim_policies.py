@@ -34,7 +34,8 @@ def test_policy_scales(kind, expected):
 
 @pytest.mark.parametrize(("kind", "expected"), [("apply", 1.0), ("drop", 0.0), ("ema", 1.0)])
 def test_policy_when_every_contribution_is_stale(kind, expected):
-    # SPEC section 5: drop applies nothing, ema applies N * mean(due-stale), i.e. weight 1 each.
+    # The backend's policies (docs/staleness.md): drop applies nothing, ema applies N * mean(due-stale), i.e. weight 1
+    # each.
     policy = StalePolicy(kind, workers=3, stale_after=0, alpha=0.1)
     assert [policy.scale(tau) for tau in (4, 5, 6, 7)] == [expected] * 4
 

@@ -12,7 +12,7 @@ from datetime import timedelta
 import numpy as np
 import pytest
 
-from tests.dist_utils import run_ranks
+from tests.harness import run_procs
 from tests.stale.test_engine import reference
 
 pytestmark = [pytest.mark.multiproc]
@@ -84,11 +84,11 @@ def test_nfresh_zero_occurs_and_each_policy_gives_its_result(policy):
     seed = _choose_seed(world)
     delays = _schedule(seed, world)
     with_due, without_due = _nfresh_zero_steps(delays, world)
-    results = run_ranks(_policy_ranks, world, policy, seed, timeout=110)
+    results = run_procs(_policy_ranks, world, policy, seed, timeout=110)
     grads = [[_grad(t, r) for r in range(world)] for t in range(STEPS)]
     # ssp:1: every late contribution is exactly one step late, whatever step was calibrated.
     ref, _ = reference(world, grads, delays, policy, "ssp", 1, 0.1, False)
-    for rank, out in results.items():
+    for rank, out in enumerate(results):
         assert out["metric"] == 2.0
         for t in range(STEPS):
             np.testing.assert_allclose(out["outs"][t], ref[t], rtol=1e-12, atol=1e-12,
@@ -128,7 +128,7 @@ def _interleaved_ranks(rank, world):
 
 @pytest.mark.timeout(120)
 def test_interleaved_streams_calibrate_on_the_first_key_that_recurs_and_ranks_agree():
-    results = run_ranks(_interleaved_ranks, 2, timeout=110)
+    results = run_procs(_interleaved_ranks, 2, timeout=110)
     r0, r1 = results[0], results[1]
     assert r0["stale"] > 0, f"staleness never engaged: {r0}"
     assert r0 == r1, results  # the same step, key and call on every rank
@@ -159,7 +159,7 @@ def _mismatch_ranks(rank, world):
 
 @pytest.mark.timeout(120)
 def test_ranks_that_calibrate_on_different_streams_all_fail_alike():
-    results = run_ranks(_mismatch_ranks, 2, timeout=110)
+    results = run_procs(_mismatch_ranks, 2, timeout=110)
     assert results[0] and results[0] == results[1], results
     assert "calibrated step_ms=auto on different streams" in results[0][0], results[0]
     assert "rank 0: all-reduce #6, key 0; rank 1: all-reduce #6, key 1" in results[0][0], results[0]
@@ -187,8 +187,8 @@ def _never_recurs_ranks(rank, world):
 
 @pytest.mark.timeout(240)
 def test_no_stream_recurs_enough_to_calibrate_warns_once():
-    results = run_ranks(_never_recurs_ranks, 2, timeout=230)
-    for out in results.values():
+    results = run_procs(_never_recurs_ranks, 2, timeout=230)
+    for out in results:
         assert len(out["warnings"]) == 1, out["warnings"]
         text = out["warnings"][0]
         for name in ("has not engaged after 4096 all-reduces", "ddp_hook", "stale_allreduce(tensor, key=",
@@ -226,8 +226,8 @@ def _reused_address_ranks(rank, world):
 
 @pytest.mark.timeout(120)
 def test_a_new_tensor_at_a_reused_address_is_a_new_stream_on_every_rank():
-    results = run_ranks(_reused_address_ranks, 2, timeout=110)
+    results = run_procs(_reused_address_ranks, 2, timeout=110)
     expected = sum(float(t) + float(t + 10) for t in range(20))
-    for out in results.values():
+    for out in results:
         assert out["out"] == expected, results
         assert out["stale"] > 0 and out["key"] == "tensor #1 (keyed by storage: 64 x Double on cpu)", results

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.dist_utils import run_ranks
+from tests.harness import run_procs
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -42,7 +42,8 @@ def _train(rank, cfg_kwargs, hook, steps=40):
             losses.append(loss.item())
         delaycomm.flush(group)
     st = delaycomm.stats(group)["staleness"]
-    runtime = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)]
+    runtime = [str(w.message) for w in caught
+               if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)]
     return {"final": float(np.mean(losses[-10:])), "first": float(np.mean(losses[:5])), "stats": st,
             "warnings": runtime}
 
@@ -64,8 +65,8 @@ def _ddp_compare(rank, world):
 
 @pytest.mark.timeout(330)
 def test_ddp_ssp2_ema_trains_like_bsp_and_warning_fires_once():
-    results = run_ranks(_ddp_compare, 2, timeout=320)
-    for rank, out in results.items():
+    results = run_procs(_ddp_compare, 2, timeout=320)
+    for rank, out in enumerate(results):
         bsp, ssp, ident = out["bsp"], out["ssp"], out["ident"]
         assert bsp["final"] < 0.5 * bsp["first"], f"BSP did not train: {bsp}"
         assert ssp["stats"]["stale"] > 0, "nothing was stale: the test would not exercise ssp"

@@ -7,10 +7,10 @@ itself failed (a rank raised, died or hung).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
 
+from delaycomm._tools import args as argtypes
 from delaycomm.bench import collectives, units
 from delaycomm.bench.settings import RAW_BACKENDS, Backend, Settings
 
@@ -19,48 +19,8 @@ __all__ = ["main", "build_parser"]
 _BACKENDS = ("delaycomm",) + RAW_BACKENDS
 
 
-def _size(text: str) -> int:
-    try:
-        return units.parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected an integer >= {lo}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"{v} is too small; expected an integer >= {lo}")
-        return v
-
-    parse.__name__ = f"integer >= {lo}"
-    return parse
-
-
-def _float_at_least(lo: float):
-    def parse(text: str) -> float:
-        try:
-            v = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected a number >= {lo:g}") from None
-        if not v >= lo or v == float("inf"):
-            raise argparse.ArgumentTypeError(f"{text} is out of range; expected a finite number >= {lo:g}")
-        return v
-
-    return parse
-
-
-def _collectives(text: str) -> tuple[str, ...]:
-    names = tuple(dict.fromkeys(n.strip() for n in text.split(",")))
-    bad = [n for n in names if n not in collectives.COLLECTIVES]
-    if not names or bad:
-        raise argparse.ArgumentTypeError(
-            f"unknown collective {', '.join(repr(b) for b in bad) or repr(text)}; expected a comma-separated list of: "
-            + ", ".join(collectives.COLLECTIVES))
-    return names
+_size = argtypes.size
+_collectives = argtypes.choices_list(collectives.COLLECTIVES, "collective")
 
 
 def _dtype(text: str) -> str:
@@ -84,20 +44,6 @@ def _backends(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def _out_path(exts: tuple[str, ...] | None):
-    def parse(text: str) -> str:
-        if text == "-" and exts is None:
-            return text
-        parent = os.path.dirname(os.path.abspath(text))
-        if not os.path.isdir(parent):
-            raise argparse.ArgumentTypeError(f"{text!r}: directory {parent!r} does not exist")
-        if exts and not text.lower().endswith(exts):
-            raise argparse.ArgumentTypeError(f"{text!r}: expected a file name ending in {', '.join(exts)}")
-        return text
-
-    return parse
-
-
 def build_parser() -> argparse.ArgumentParser:
     from delaycomm.bench.plot import PLOT_EXTENSIONS
 
@@ -110,15 +56,15 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("sweep")
     g.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size (default 8)")
     g.add_argument("-e", "--maxbytes", type=_size, default=64 << 20, metavar="SIZE", help="largest size (default 64M)")
-    g.add_argument("-f", "--stepfactor", type=_int_at_least(2), default=2, metavar="F",
+    g.add_argument("-f", "--stepfactor", type=argtypes.integer(2), default=2, metavar="F",
                    help="multiply the size by F each step (default 2)")
     g.add_argument("-i", "--stepbytes", type=_size, default=None, metavar="SIZE",
                    help="add SIZE each step instead of multiplying")
-    g.add_argument("-n", "--iters", type=_int_at_least(1), default=50, metavar="N",
+    g.add_argument("-n", "--iters", type=argtypes.integer(1), default=50, metavar="N",
                    help="timed calls per size, backend and repeat (default 50)")
-    g.add_argument("-w", "--warmup-iters", type=_int_at_least(0), default=5, metavar="N",
+    g.add_argument("-w", "--warmup-iters", type=argtypes.integer(0), default=5, metavar="N",
                    help="untimed calls before each timed batch (default 5)")
-    g.add_argument("-r", "--repeats", type=_int_at_least(1), default=3, metavar="R",
+    g.add_argument("-r", "--repeats", type=argtypes.integer(1), default=3, metavar="R",
                    help="repeats of the whole sweep, for the gate's majority rule (default 3)")
     g.add_argument("--interleave", choices=("call", "block"), default="call",
                    help="call: one call of each backend in turn (A B A B, default); block: -n calls of one backend, "
@@ -130,7 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="element type: " + ", ".join(collectives.DTYPES) + " (default float32)")
     g.add_argument("-C", "--collective", type=_collectives, default=("all_reduce",), metavar="NAMES",
                    help="comma-separated: " + ", ".join(collectives.COLLECTIVES) + " (default all_reduce)")
-    g.add_argument("--root", type=_int_at_least(0), default=0, help="broadcast root (default 0)")
+    g.add_argument("--root", type=argtypes.integer(0), default=0, help="broadcast root (default 0)")
     b = p.add_argument_group("backends and ranks")
     b.add_argument("--backends", type=_backends, default=None, metavar="LIST",
                    help="comma-separated, side by side (default: delaycomm,gloo on cpu, delaycomm,nccl on cuda)")
@@ -138,27 +84,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run delaycomm once per value of its nccl_algo option (repeatable: tree, ring, auto...)")
     b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                    help="tensor device (default auto: cuda when available)")
-    b.add_argument("--nproc", type=_int_at_least(1), default=None, metavar="N",
+    b.add_argument("--nproc", type=argtypes.integer(1), default=None, metavar="N",
                    help="ranks to spawn (default 2; under torchrun the launcher's ranks are used)")
-    b.add_argument("--delay", default=None, metavar="SPEC",
+    b.add_argument("--delay", type=argtypes.delay_spec, default=None, metavar="SPEC",
                    help="delaycomm's delay option (e.g. const:5ms, exp:p99=400ms): shows the latency it produces")
-    b.add_argument("--delay-fraction", type=_float_at_least(0.0), default=None, metavar="F",
+    b.add_argument("--delay-fraction", type=argtypes.number(0.0), default=None, metavar="F",
                    help="delaycomm's delay_fraction option, in [0, 1]")
-    b.add_argument("--timeout", type=_float_at_least(1.0), default=300.0, metavar="S",
+    b.add_argument("--timeout", type=argtypes.number(1.0), default=300.0, metavar="S",
                    help="process-group timeout in seconds (default 300)")
     o = p.add_argument_group("output and gate")
-    o.add_argument("--json", nargs="?", const="-", type=_out_path(None), default=None, metavar="FILE",
+    o.add_argument("--json", nargs="?", const="-", type=argtypes.output_path(stdout=True), default=None, metavar="FILE",
                    help="write the run record (raw times, statistics, environment) as JSON to FILE, or to stdout "
                         "without FILE (then no table)")
-    o.add_argument("--plot", type=_out_path(PLOT_EXTENSIONS), default=None, metavar="FILE.png",
+    o.add_argument("--plot", type=argtypes.output_path(PLOT_EXTENSIONS), default=None, metavar="FILE.png",
                    help="latency and busbw against size, one line per backend")
     o.add_argument("--from-json", default=None, metavar="FILE",
                    help="report (table, --plot, --compare) a saved run instead of measuring")
     o.add_argument("--compare", default=None, metavar="BASELINE.json",
                    help="gate: exit 1 when delaycomm/raw ratios are worse than the baseline's by --max-slowdown")
-    o.add_argument("--max-slowdown", type=_float_at_least(1.0), default=1.10, metavar="X",
+    o.add_argument("--max-slowdown", type=argtypes.number(1.0), default=1.10, metavar="X",
                    help="allowed factor on the baseline ratio (default 1.10)")
-    o.add_argument("--confirm", type=_int_at_least(0), default=1, metavar="N",
+    o.add_argument("--confirm", type=argtypes.integer(0), default=1, metavar="N",
                    help="measure sizes that fail the gate again, up to N times, in fresh ranks; a size fails only if "
                         "it fails every time (default 1; not under torchrun or --from-json)")
     o.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
@@ -168,9 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Settings, int | None]:
     """Cross-flag checks and the Settings; (settings, ranks to spawn or None under torchrun)."""
-    import delaycomm
     import torch
 
+    import delaycomm
     from delaycomm.bench.launch import torchrun_rank, under_torchrun
 
     if a.minbytes > a.maxbytes:
@@ -187,7 +133,7 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
     if a.op == "avg" and not a.datatype.startswith(("float", "bfloat")):
         p.error(f"argument -o/--op: avg needs a floating dtype, got -d {a.datatype}")
     if under_torchrun():
-        rank, world = torchrun_rank()
+        _, world = torchrun_rank()
         if a.nproc is not None and a.nproc != world:
             p.error(f"argument --nproc: {a.nproc} conflicts with WORLD_SIZE={world} from the launcher")
         nproc = None

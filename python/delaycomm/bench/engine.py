@@ -5,9 +5,10 @@ then ``iters`` timed calls; the backend order alternates between rounds (A B, B 
 the machine hit both sides alike. All backends live in the same processes (one process group each, plus a
 private Gloo group for the bench's own bookkeeping), so a ratio compares like with like.
 
-NOTE: nccl-tests time a batch of calls and divide. The SPEC wants percentiles of per-call times where a call's time
-is the max over ranks, so each rank times each call on its own clock with no barrier inside the loop, and the
-per-call vectors are max-reduced across ranks afterwards (outside the timed region). A call's time on one rank
+NOTE: nccl-tests time a batch of calls and divide. The bench reports percentiles of per-call times where a call's
+time is the max over ranks (docs/bench.md, "How a call is timed"), so each rank times each call on its own clock
+with no barrier inside the loop, and the per-call vectors are max-reduced across ranks afterwards (outside the
+timed region). A call's time on one rank
 includes its wait for the slowest rank to arrive: that is what a training step sees.
 
 Reporting is elsewhere: this module produces raw times (``times_us[repeat][call]``), never a table.
@@ -23,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from delaycomm._tools.output import jsonable
 from delaycomm.bench import collectives
 from delaycomm.bench.results import FORMAT
 from delaycomm.bench.settings import Backend, Settings
@@ -280,12 +282,6 @@ def _backend_info(backends: tuple[Backend, ...]) -> list[dict[str, Any]]:
             import delaycomm
 
             cfg = delaycomm.resolve(delaycomm.DelayConfig(**b.options))
-            entry["config"] = {k: _jsonable(v) for k, v in cfg.as_dict().items()}
+            entry["config"] = jsonable(cfg.as_dict())
         info.append(entry)
     return info
-
-
-def _jsonable(v: Any) -> Any:
-    if isinstance(v, tuple):
-        return [_jsonable(x) for x in v]
-    return v

@@ -3,38 +3,12 @@
 from __future__ import annotations
 
 import os
-import platform
-import socket
-import subprocess
-import sys
 from typing import Any
 
+from delaycomm._tools.machine import machine_info, versions
 from delaycomm.bench.settings import Settings
 
-__all__ = ["environment", "cpu_model"]
-
-
-def cpu_model() -> str:
-    """The CPU's model name (from /proc/cpuinfo where there is one)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.lower().startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _git_commit() -> str | None:
-    """The commit of the delaycomm checkout the bench runs from, when it runs from one (editable install)."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    try:
-        out = subprocess.run(["git", "-C", here, "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                             timeout=5, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return out.stdout.strip() or None if out.returncode == 0 else None
+__all__ = ["environment"]
 
 
 def environment(settings: Settings) -> dict[str, Any]:
@@ -45,19 +19,10 @@ def environment(settings: Settings) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "torch": torch.__version__,
-        "delaycomm": delaycomm.__version__,
-        "delaycomm_commit": _git_commit(),
+        **versions(),
         "delaycomm_cuda_compiled": bool(delaycomm._C.cuda_compiled),
-        "python": sys.version.split()[0],
         "nccl": None,
-        "machine": {
-            "hostname": socket.gethostname(),
-            "platform": platform.platform(),
-            "cpu": cpu_model(),
-            "cpu_count": os.cpu_count(),
-            "cpu_affinity": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
-            "gpu": None,
-        },
+        "machine": {**machine_info(), "gpu": None},
         "threads": {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"), "torch": torch.get_num_threads()},
     }
     if settings.device == "cuda" and torch.cuda.is_available():

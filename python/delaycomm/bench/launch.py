@@ -1,45 +1,31 @@
-"""Where the ranks come from: spawned by the bench (``--nproc N``) or started by torchrun (one process per rank)."""
+"""Where the ranks come from: spawned by the bench (``--nproc N``, through the tools' launcher) or started by
+torchrun (one process per rank)."""
 
 from __future__ import annotations
 
 import os
-import queue as queue_mod
 import shutil
 import tempfile
-import time
-import traceback
 from collections.abc import Callable
 from typing import Any
 
+from delaycomm._tools.launch import run_ranks, torchrun_rank, under_torchrun
 from delaycomm.bench.settings import Settings
 
 __all__ = ["under_torchrun", "torchrun_rank", "spawn", "RunFailed"]
+
+
+_PRELOAD = ("delaycomm.bench.engine",)
 
 
 class RunFailed(RuntimeError):
     """A rank raised, died or ran past the deadline (the message holds the rank's traceback)."""
 
 
-def under_torchrun() -> bool:
-    """True when this process is one rank of a torchrun (or any env:// launcher) job."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+def _rank(rank: int, world_size: int, post, entry, settings: Settings, init_method: str, clock) -> Any:
+    from delaycomm.bench import engine
 
-
-def torchrun_rank() -> tuple[int, int]:
-    """(rank, world size) from the launcher's environment."""
-    return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-
-
-def _child(entry, rank: int, world_size: int, settings: Settings, init_method: str, clock, results, env) -> None:
-    os.environ.update(env)
-    os.environ.update({"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world_size)})
-    try:
-        from delaycomm.bench import engine
-
-        record = (entry or engine.run_rank)(rank, world_size, settings, init_method, clock)
-        results.put(("ok", rank, record))
-    except BaseException:  # noqa: BLE001 - every failure goes to the parent, with its traceback
-        results.put(("err", rank, traceback.format_exc()))
+    return (entry or engine.run_rank)(rank, world_size, settings, init_method, clock)
 
 
 def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None,
@@ -57,54 +43,23 @@ def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None
     Raises:
         RunFailed: a rank raised or died (the others are stopped at once), or the deadline passed.
     """
-    import torch.multiprocessing as mp
-
-    ctx = mp.get_context("spawn")
-    results = ctx.SimpleQueue()
     tmp = tempfile.mkdtemp(prefix="delaycomm-bench-")
     init_method = f"file://{os.path.join(tmp, 'store')}"
     # Like torchrun: one intra-op thread per rank unless the user chose otherwise (ranks share the cores).
     env = {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    procs = [ctx.Process(target=_child, args=(entry, r, nproc, settings, init_method, clock, results, env),
-                         daemon=True) for r in range(nproc)]
-    deadline = time.monotonic() + deadline_s if deadline_s is not None else None
+    # NOTE: on CPU the ranks fork from a fork server that imported torch once (seconds saved per rank and per
+    # confirmation run); CUDA ranks start as fresh interpreters, the way torchrun starts them.
+    fork = settings.device == "cpu"
     try:
-        for p in procs:
-            p.start()
-        record, waiting = None, set(range(nproc))
-        while waiting:
-            msg = _poll(results)
-            if msg is not None:
-                status, rank, payload = msg
-                if status == "err":
-                    raise RunFailed(f"rank {rank} failed:\n{payload}")
-                waiting.discard(rank)
-                if rank == 0:
-                    record = payload
-                continue
-            dead = [r for r in waiting if procs[r].exitcode is not None]
-            if dead:
-                time.sleep(0.2)  # a rank that reported just before exiting: read its message first
-                if results.empty():
-                    raise RunFailed(f"rank {dead[0]} died with exit code {procs[dead[0]].exitcode} without reporting")
-            if deadline is not None and time.monotonic() > deadline:
-                raise RunFailed(f"ranks {sorted(waiting)} still running at the deadline: stopped them")
-        for p in procs:
-            p.join(timeout=30)
-        return record
+        out = run_ranks(_rank, nproc, (entry, settings, init_method, clock), env=env, deadline_s=deadline_s,
+                        start_method="forkserver" if fork else "spawn", preload=_PRELOAD if fork else (),
+                        name="bench-rank")
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=10)
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def _poll(results) -> Any:
-    if not results.empty():
-        try:
-            return results.get()
-        except (EOFError, queue_mod.Empty):
-            return None
-    time.sleep(0.05)
-    return None
+    if out.errors:
+        rank = next(iter(out.errors))  # the first to fail: the others may have failed waiting for it
+        raise RunFailed(f"rank {rank} failed:\n{out.errors[rank]}")
+    if out.timed_out:
+        raise RunFailed(f"ranks {sorted(set(range(nproc)) - set(out.results))} still running at the deadline: "
+                        "stopped them")
+    return out.results[0]

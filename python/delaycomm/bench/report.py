@@ -1,68 +1,47 @@
 """The table: a ``#`` header with versions and settings, then fixed columns generated from one schema.
 
 One row per size; the backends side by side (a group of columns each), then the ratio of each delaycomm backend
-to the raw one. Header, units and cells all come from :data:`COMMON` and :func:`backend_columns`, so labels
-and formats cannot drift apart.
+to the raw one. Header, units and cells all come from :data:`COMMON`, :func:`backend_columns` and :func:`ratio_column`
+(rendered by :mod:`delaycomm._tools.table`), so labels and formats cannot drift apart.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable
 from typing import Any
 
+from delaycomm._tools.table import Column, format_rows
 from delaycomm.bench import collectives
 from delaycomm.bench.results import RowStats, raw_label, row_stats
 from delaycomm.bench.units import format_size
 
-__all__ = ["format_table", "stability_warnings", "Column"]
+__all__ = ["format_table", "stability_warnings", "COMMON", "backend_columns", "ratio_column"]
 
 # A row's spread of per-repeat p50s above this is reported with advice (pyperf-style stability warning).
 SPREAD_WARN = 0.10
 
 
-@dataclasses.dataclass(frozen=True)
-class Column:
-    """One column: header, unit, width and how to get its cell from a RowStats."""
-
-    name: str
-    unit: str
-    width: int
-    cell: Callable[[RowStats], Any]
-    fmt: str = "{}"
-
-    def render(self, row: RowStats | None) -> str:
-        if row is None:
-            return f"{'-':>{self.width}}"
-        v = self.cell(row)
-        if v is None or (isinstance(v, float) and not math.isfinite(v)):
-            text = "N/A" if v is None else "inf"
-        else:
-            text = self.fmt.format(v)
-        return f"{text:>{self.width}}"
-
-
 COMMON = (
-    Column("size", "(B)", 12, lambda r: r.size_bytes),
-    Column("count", "(elements)", 12, lambda r: r.count),
-    Column("type", "", 9, lambda r: r.dtype),
-    Column("redop", "", 6, lambda r: r.redop),
+    Column("size", "B", lambda r: r.size_bytes, width=12),
+    Column("count", "elements", lambda r: r.count, width=12),
+    Column("type", "", lambda r: r.dtype, width=9),
+    Column("redop", "", lambda r: r.redop, width=6),
 )
 
 
-def backend_columns() -> tuple[Column, ...]:
-    """The columns of one backend's group."""
+def backend_columns(label: str = "") -> tuple[Column, ...]:
+    """The columns of one backend's group (under a ``--- label ---`` bar)."""
     return (
-        Column("p50", "(us)", 10, lambda r: r.p50_us, "{:.1f}"),
-        Column("p99", "(us)", 10, lambda r: r.p99_us, "{:.1f}"),
-        Column("algbw", "(GB/s)", 8, lambda r: r.algbw_GBps, "{:.3f}"),
-        Column("busbw", "(GB/s)", 8, lambda r: r.busbw_GBps, "{:.3f}"),
-        Column("#wrong", "", 7, lambda r: r.wrong),
+        Column("p50", "us", lambda r: r.p50_us, "{:.1f}", 10, group=label, missing="N/A"),
+        Column("p99", "us", lambda r: r.p99_us, "{:.1f}", 10, group=label, missing="N/A"),
+        Column("algbw", "GB/s", lambda r: r.algbw_GBps, "{:.3f}", 8, group=label, missing="N/A"),
+        Column("busbw", "GB/s", lambda r: r.busbw_GBps, "{:.3f}", 8, group=label, missing="N/A"),
+        Column("#wrong", "", lambda r: r.wrong, width=7, group=label, missing="N/A"),
     )
 
 
-RATIO = Column("ratio", "(x raw)", 8, lambda r: r.ratio, "{:.3f}")
+def ratio_column(label: str, raw: str) -> Column:
+    """The ratio of backend ``label`` to the raw one (under a ``/raw`` bar)."""
+    return Column(label, "x raw", lambda r: r.ratio, "{:.3f}", 8, group=f"/{raw}", missing="N/A")
 
 
 def header_lines(record: dict[str, Any]) -> list[str]:
@@ -108,37 +87,24 @@ def format_table(record: dict[str, Any]) -> str:
         spec = collectives.get(coll)
         rows = [r for r in stats if r.collective == coll]
         by = {(r.size_bytes, r.backend): r for r in rows}
-        groups = [(label, backend_columns()) for label in labels]
-        ratios = [label for label in labels if raw and label != raw]
-        out.append("#")
-        out.append(f"# {coll}: busbw factor {spec.factor_text}, n = {record['world_size']}")
-        ratio_cols = [dataclasses.replace(RATIO, width=max(RATIO.width, len(label) + 1)) for label in ratios]
-        bar = " " * sum(c.width + 1 for c in COMMON)
-        for label, cols in groups:
-            w = sum(c.width + 1 for c in cols) - 1
-            bar += " " + f" {label} ".center(w, "-")
-        names = [c.name for c in COMMON]
-        units = [c.unit for c in COMMON]
-        widths = [c.width for c in COMMON]
-        for _, cols in groups:
-            names += [c.name for c in cols]
-            units += [c.unit for c in cols]
-            widths += [c.width for c in cols]
-        if ratios:
-            bar += " " + " ".join(f"{'/' + raw:>{c.width}}" for c in ratio_cols)
-            names += [label for label in ratios]
-            units += [RATIO.unit for _ in ratios]
-            widths += [c.width for c in ratio_cols]
-        out.append("#" + bar[1:])
-        out.append("#" + " ".join(f"{n:>{w}}" for n, w in zip(names, widths))[1:])
-        out.append("#" + " ".join(f"{u:>{w}}" for u, w in zip(units, widths))[1:])
+        # (column, the backend whose row it reads; None: any row of the size)
+        schema: list[tuple[Column, str | None]] = [(c, None) for c in COMMON]
+        for label in labels:
+            schema += [(c, label) for c in backend_columns(label)]
+        for label in labels:
+            if raw and label != raw:
+                schema.append((ratio_column(label, raw), label))
+        cells = []
         for size in dict.fromkeys(r.size_bytes for r in rows):
             first = next(r for r in rows if r.size_bytes == size)
-            cells = [c.render(first) for c in COMMON]
-            for label, cols in groups:
-                cells += [c.render(by.get((size, label))) for c in cols]
-            cells += [c.render(by.get((size, label))) for c, label in zip(ratio_cols, ratios)]
-            out.append(" ".join(cells))
+            row = []
+            for c, label in schema:
+                r = first if label is None else by.get((size, label))
+                row.append("-" if r is None else c.text(r))
+            cells.append(row)
+        out.append("#")
+        out.append(format_rows([c for c, _ in schema], cells, sep=" ",
+                               header=[f"{coll}: busbw factor {spec.factor_text}, n = {record['world_size']}"]))
     for sk in record.get("skipped", []):
         out.append(f"# skipped {sk['collective']} {format_size(sk['size_bytes'])}: {sk['reason']}")
     wrong = sum(r.wrong or 0 for r in stats)

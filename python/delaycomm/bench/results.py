@@ -11,10 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import statistics
 from typing import Any
 
+from delaycomm._tools import output
 from delaycomm.bench import collectives
 
 __all__ = ["BenchFileError", "RowStats", "percentile", "row_stats", "load", "save", "check_record", "FORMAT"]
@@ -132,13 +132,9 @@ def save(record: dict[str, Any], path: str | None) -> str:
         derived["repeat_p50_us"] = list(s.repeat_p50_us)
         derived["repeat_ratios"] = [_finite(x) for x in s.repeat_ratios]
         out["rows"].append({**r, **derived})
-    text = json.dumps(out, indent=1, sort_keys=False)
-    if path not in (None, "-"):
-        tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text + "\n")
-        os.replace(tmp, path)
-    return text
+    if path in (None, "-"):
+        return output.dumps(out)
+    return output.write_json(path, out).rstrip("\n")
 
 
 def _finite(x):

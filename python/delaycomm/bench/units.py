@@ -1,34 +1,13 @@
-"""Units of the benchmark: size syntax (``-b 8 -e 64M``), size sweeps, and the formatting of sizes and times.
-
-One module parses and formats units so that the CLI, the table, the plot and the gate all say the same thing.
-Sizes are binary, as in nccl-tests: ``1K`` = 1024 bytes, ``64M`` = 64 MiB.
+"""Units of the benchmark: size sweeps; the size syntax and the formatting of sizes are the tools' own
+(:mod:`delaycomm._tools.units`, re-exported here), so that the CLI, the table, the plot and the gate all say the
+same thing. Sizes are binary, as in nccl-tests: ``1K`` = 1024 bytes, ``64M`` = 64 MiB.
 """
 
 from __future__ import annotations
 
-import re
+from delaycomm._tools.units import MAX_SIZE, SIZE_SYNTAX, format_size, parse_size
 
-__all__ = ["parse_size", "format_size", "size_sweep", "SIZE_SYNTAX"]
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "kib": 1 << 10, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-SIZE_SYNTAX = "a whole number of bytes with an optional binary unit: 8, 512B, 4K, 64M, 1G (also KiB, MiB, GiB)"
-# The largest buffer we agree to allocate per rank (per backend): 16 GiB.
-MAX_SIZE = 16 << 30
-
-
-def parse_size(text: str) -> int:
-    """Parse ``8``, ``512B``, ``4K``, ``64M``, ``1G`` (or ``KiB/MiB/GiB``) into bytes.
-
-    Raises:
-        ValueError: anything else (decimal units such as ``MB`` are refused: ambiguous), zero, or more than 16 GiB.
-    """
-    m = re.fullmatch(r"\s*(\d+)\s*([A-Za-z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"{text!r} is not a size; expected {SIZE_SYNTAX}")
-    n = int(m.group(1)) * _UNITS[m.group(2).lower()]
-    if n <= 0 or n > MAX_SIZE:
-        raise ValueError(f"{text!r} is out of range; expected a size in [1 B, 16 GiB]")
-    return n
+__all__ = ["parse_size", "format_size", "size_sweep", "SIZE_SYNTAX", "MAX_SIZE"]
 
 
 def size_sweep(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 0) -> list[int]:
@@ -53,12 +32,3 @@ def size_sweep(min_bytes: int, max_bytes: int, factor: int = 2, step: int = 0) -
     if sizes[-1] != max_bytes:
         sizes.append(max_bytes)
     return sizes
-
-
-def format_size(nbytes: int) -> str:
-    """``8 B``, ``4 KiB``, ``1.5 MiB``: for messages and plot labels (tables print plain bytes)."""
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            v = nbytes / scale
-            return f"{v:.0f} {unit}" if v == int(v) else f"{v:.3g} {unit}"
-    return f"{nbytes} B"

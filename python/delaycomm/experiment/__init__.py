@@ -1,4 +1,4 @@
-"""The controlled experiment (SPEC §8): one small real model on scikit-learn's digits, trained under several
+"""The controlled experiment (docs/experiment.md): one small real model on scikit-learn's digits, trained under several
 delay / staleness configs with identical hyper-parameters and seeds, through real processes and the real backend.
 
 Command line: ``python -m delaycomm.experiment --help``; design and reading guide: ``docs/experiment.md``.

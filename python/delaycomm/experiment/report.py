@@ -14,12 +14,13 @@ Measuring is the runner's job; everything here is arithmetic on its output. How 
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from delaycomm._tools.table import Column
+from delaycomm._tools.table import format_table as format_table_rows
 from delaycomm.experiment.configs import ExperimentConfig, effect_problems
 
 __all__ = ["summarize", "format_table", "plot", "COLUMNS"]
@@ -101,15 +102,6 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-@dataclasses.dataclass(frozen=True)
-class Column:
-    header: str
-    unit: str
-    width: int
-    value: Callable[[dict], Any]
-    fmt: str  # for numbers; None values print as "-"
-
-
 def _m(key: str) -> Callable[[dict], Any]:
     return lambda rec: rec.get("metrics", {}).get(key)
 
@@ -118,58 +110,43 @@ def _st(key: str) -> Callable[[dict], Any]:
     return lambda rec: (rec.get("metrics", {}).get("staleness") or {}).get(key)
 
 
+def _ok(value: Callable[[dict], Any]) -> Callable[[dict], Any]:
+    """A config that did not run as asked shows no numbers (its record in --json keeps what was measured)."""
+    return lambda rec: value(rec) if rec["status"] == "ok" else None
+
+
 def _pct(rec: dict) -> Any:
     v = rec.get("metrics", {}).get("test_accuracy")
     return None if v is None else 100.0 * v
 
 
 COLUMNS: tuple[Column, ...] = (
-    Column("config", "", 11, lambda rec: rec["name"], "{}"),
-    Column("status", "", 11, lambda rec: rec["status"], "{}"),
-    Column("test acc", "%", 8, _pct, "{:.1f}"),
-    Column("loss 0", "", 7, _m("initial_train_loss"), "{:.3f}"),
-    Column("loss end", "", 8, _m("final_train_loss"), "{:.4f}"),
-    Column("wall", "s", 7, _m("wall_s"), "{:.2f}"),
-    Column("steps", "", 6, _m("steps"), "{}"),
-    Column("steps/s", "1/s", 8, _m("steps_per_s"), "{:.1f}"),
-    Column("step p50", "ms", 8, _m("step_p50_ms"), "{:.2f}"),
-    Column("step p99", "ms", 8, _m("step_p99_ms"), "{:.2f}"),
-    Column("ar p50", "ms", 7, _m("allreduce_p50_ms"), "{:.2f}"),
-    Column("ar p99", "ms", 7, _m("allreduce_p99_ms"), "{:.2f}"),
-    Column("delayed", "calls", 7, _m("delayed_calls"), "{}"),
-    Column("slowed", "calls", 7, _m("slowed_calls"), "{}"),
-    Column("stale:fresh", "", 11, _st("stale_fresh_ratio"), "{:.3f}"),
-    Column("dropped", "", 7, _st("dropped"), "{}"),
-    Column("stl mean", "steps", 8, _st("staleness_mean_steps"), "{:.2f}"),
-    Column("stl max", "steps", 7, _st("staleness_max_steps"), "{:.0f}"),
+    Column("config", "", lambda rec: rec["name"], width=11, align="<"),
+    Column("status", "", lambda rec: rec["status"], width=11, align="<"),
+    Column("test acc", "%", _ok(_pct), "{:.1f}", 8),
+    Column("loss 0", "", _ok(_m("initial_train_loss")), "{:.3f}", 7),
+    Column("loss end", "", _ok(_m("final_train_loss")), "{:.4f}", 8),
+    Column("wall", "s", _ok(_m("wall_s")), "{:.2f}", 7),
+    Column("steps", "", _ok(_m("steps")), width=6),
+    Column("steps/s", "1/s", _ok(_m("steps_per_s")), "{:.1f}", 8),
+    Column("step p50", "ms", _ok(_m("step_p50_ms")), "{:.2f}", 8),
+    Column("step p99", "ms", _ok(_m("step_p99_ms")), "{:.2f}", 8),
+    Column("ar p50", "ms", _ok(_m("allreduce_p50_ms")), "{:.2f}", 7),
+    Column("ar p99", "ms", _ok(_m("allreduce_p99_ms")), "{:.2f}", 7),
+    Column("delayed", "calls", _ok(_m("delayed_calls")), width=7),
+    Column("slowed", "calls", _ok(_m("slowed_calls")), width=7),
+    Column("stale:fresh", "", _ok(_st("stale_fresh_ratio")), "{:.3f}", 11),
+    Column("dropped", "", _ok(_st("dropped")), width=7),
+    Column("stl mean", "steps", _ok(_st("staleness_mean_steps")), "{:.2f}", 8),
+    Column("stl max", "steps", _ok(_st("staleness_max_steps")), "{:.0f}", 7),
 )
-
-
-def _cell(i: int, col: Column, rec: dict) -> str:
-    if i < 2:
-        return f"{col.value(rec):<{col.width}}"
-    # A config that did not run as asked shows no numbers here (its record in --json keeps what was measured).
-    v = col.value(rec) if rec["status"] == "ok" else None
-    text = "-" if v is None else col.fmt.format(v)
-    return f"{text:>{col.width}}"
 
 
 def format_table(records: Sequence[dict], header_lines: Sequence[str] = ()) -> str:
     """The records as a fixed-column table: ``#`` header lines, column names, units, one row per config, then
     one ``#`` line per config that did not run (with why)."""
-    def row(cells: list[str]) -> str:
-        return "  ".join(cells).rstrip()
-
-    names = [f"{c.header:<{c.width}}" if i < 2 else f"{c.header:>{c.width}}" for i, c in enumerate(COLUMNS)]
-    units = [f"{'(' + c.unit + ')' if c.unit else '':{'<' if i < 2 else '>'}{c.width}}"
-             for i, c in enumerate(COLUMNS)]
-    lines = [f"# {h}" for h in header_lines]
-    lines.append("# " + row(names))
-    lines.append("# " + row(units))
-    lines.extend("  " + row([_cell(i, c, rec) for i, c in enumerate(COLUMNS)]) for rec in records)
-    for rec in records:
-        if rec["message"]:
-            lines.append(f"# {rec['name']}: {rec['message']}")
+    lines = [format_table_rows(COLUMNS, records, header_lines)]
+    lines.extend(f"# {rec['name']}: {rec['message']}" for rec in records if rec["message"])
     return "\n".join(lines)
 
 

@@ -4,48 +4,23 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import platform
-import socket
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from delaycomm._tools.machine import machine_info, versions
 from delaycomm.experiment.configs import ExperimentConfig
 from delaycomm.experiment.report import summarize
 from delaycomm.experiment.runner import Hyper, Runner, load_digits_split
 from delaycomm.experiment.worker import MODELS, steps_per_epoch
 
-__all__ = ["run_experiment", "machine_info", "header_lines"]
-
-
-def machine_info() -> dict[str, Any]:
-    """Where the numbers were measured: host, CPUs, platform and versions."""
-    import numpy
-    import sklearn
-    import torch
-
-    import delaycomm
-
-    cpu = platform.processor() or ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
-    return {
-        "host": socket.gethostname(), "cpus": os.cpu_count(), "cpu_model": cpu, "platform": platform.platform(),
-        "python": platform.python_version(), "torch": torch.__version__, "delaycomm": delaycomm.__version__,
-        "numpy": numpy.__version__, "scikit_learn": sklearn.__version__,
-    }
+__all__ = ["run_experiment", "header_lines"]
 
 
 def header_lines(doc: dict[str, Any]) -> list[str]:
     """The ``#`` lines above the table: what was run, with what, where."""
-    hp, ds, m = doc["hyper"], doc["dataset"], doc["machine"]
+    hp, ds, m, v = doc["hyper"], doc["dataset"], doc["machine"], doc["versions"]
     epochs = f"{hp['epochs']} epochs" if hp["budget_s"] is None else (
         f"budget {hp['budget_s']:g} s (at most {hp['epochs']} epochs)")
     lines = [
@@ -54,8 +29,8 @@ def header_lines(doc: dict[str, Any]) -> list[str]:
         f"SGD lr {hp['lr']:g} momentum {hp['momentum']:g}, batch {hp['batch_size']}/rank, seed {hp['seed']}, "
         f"delay of the delayed configs: {hp['delay']}, step_ms "
         f"{'calibrated' if hp['step_ms'] is None else format(hp['step_ms'], 'g')}; identical for every config",
-        f"machine: {m['host']}, {m['cpus']} CPUs ({m['cpu_model']}), torch {m['torch']}, delaycomm "
-        f"{m['delaycomm']}; 1 intra-op thread per rank",
+        f"machine: {m['hostname']}, {m['cpu_count']} CPUs ({m['cpu']}), torch {v['torch']}, delaycomm "
+        f"{v['delaycomm']}; 1 intra-op thread per rank",
     ]
     if doc["ignored_env"]:
         lines.append("ignored (each config sets its options itself): " + ", ".join(doc["ignored_env"]))
@@ -71,7 +46,7 @@ def run_experiment(hp: Hyper, configs: Sequence[ExperimentConfig], progress: boo
         progress: show a tqdm bar on stderr (None: only when stderr is a terminal).
 
     Returns:
-        The document that ``--json`` writes: ``tool``, ``argv``, ``machine``, ``hyper``, ``dataset``,
+        The document that ``--json`` writes: ``tool``, ``argv``, ``machine``, ``versions``, ``hyper``, ``dataset``,
         ``configs`` (one :func:`delaycomm.experiment.report.summarize` record each), ``duration_s``.
     """
     from tqdm import tqdm
@@ -81,10 +56,11 @@ def run_experiment(hp: Hyper, configs: Sequence[ExperimentConfig], progress: boo
     spe = steps_per_epoch(len(data["x_train"]), hp.nproc, hp.batch_size)
     if spe < 1:
         raise ValueError(
-            f"--batch-size: expected at most {len(data['x_train']) // hp.nproc} (the {len(data['x_train'])} "
+            f"argument --batch-size: expected at most {len(data['x_train']) // hp.nproc} (the {len(data['x_train'])} "
             f"training samples split over {hp.nproc} ranks), got {hp.batch_size}")
     doc: dict[str, Any] = {
         "tool": "delaycomm.experiment", "argv": sys.argv, "machine": machine_info(),
+        "versions": versions(("torch", "numpy", "scikit-learn")),
         "hyper": dataclasses.asdict(hp),
         "dataset": {"name": "sklearn digits", "n_train": len(data["x_train"]), "n_test": len(data["x_test"]),
                     "features": int(data["x_train"].shape[1]), "classes": int(data["n_classes"]),
@@ -100,7 +76,7 @@ def run_experiment(hp: Hyper, configs: Sequence[ExperimentConfig], progress: boo
             bar.set_description(config.name)
             done = [0]
 
-            def advance(n: int) -> None:
+            def advance(n: int, done: list[int] = done) -> None:
                 done[0] += n
                 bar.update(n)
 

@@ -1,4 +1,5 @@
-"""Runs each config in fresh rank processes and collects what they measured.
+"""Runs each config in fresh rank processes (the tools' launcher, :mod:`delaycomm._tools.launch`) and collects
+what they measured.
 
 The ranks of every config are new processes forked from one fork server that imported torch and delaycomm once
 (importing torch takes seconds per process on a small machine; paying that once keeps ``--quick`` short while
@@ -9,20 +10,25 @@ port the OS picks, with a key prefix per config, so there is no free-port race.
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
-import queue as queue_module
 import time
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
+from delaycomm._tools.launch import run_ranks
 from delaycomm.experiment.configs import ExperimentConfig, resolved_options
 
 __all__ = ["Hyper", "load_digits_split", "Runner"]
 
 # After one rank reports an error, how long the others get to report theirs before they are stopped.
 _GRACE_S = 10.0
+# NOTE: DistributedDataParallel imports torch._dynamo and friends the first time one is built (seconds of imports);
+# the fork server imports them once per experiment instead of once per rank per config. Importing them starts no
+# thread, so forking stays safe. (Not imported by worker.py itself: the command line imports worker.py for its
+# model table and must not pay for them.)
+_PRELOAD = ("delaycomm.experiment.worker", "torch._dynamo", "torch.distributed._functional_collectives",
+            "torch.distributed.fsdp", "torch.distributed.tensor")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,14 +74,6 @@ class Runner:
 
         self._store = dist.TCPStore("127.0.0.1", 0, None, True, wait_for_workers=False)
         self.port = self._store.port
-        self._ctx = multiprocessing.get_context("forkserver")
-        # NOTE: DistributedDataParallel imports torch._dynamo and friends the first time one is built (seconds of
-        # imports); the fork server imports them once per experiment instead of once per rank per config.
-        # Importing them starts no thread, so forking stays safe. (Not imported by worker.py itself: the command
-        # line imports worker.py for its model table and must not pay for them.)
-        self._ctx.set_forkserver_preload(["delaycomm.experiment.worker", "torch._dynamo",
-                                          "torch.distributed._functional_collectives", "torch.distributed.fsdp",
-                                          "torch.distributed.tensor"])
         self._runs = 0
 
     def run(self, config: ExperimentConfig, hp: Hyper, data: dict[str, np.ndarray],
@@ -96,46 +94,26 @@ class Runner:
             "budget_s": hp.budget_s, "timeout_s": hp.timeout_s, "progress_every": 5,
         }
         prefix = f"delaycomm-experiment/{self._runs}-{config.name}/"
-        q = self._ctx.Queue()
-        procs = [self._ctx.Process(target=run_rank, args=(r, hp.nproc, self.port, prefix, job, data, q),
-                                   name=f"experiment-{config.name}-rank{r}", daemon=True)
-                 for r in range(hp.nproc)]
         started = time.monotonic()
-        for p in procs:
-            p.start()
-        deadline = started + hp.timeout_s
-        results: dict[int, dict] = {}
-        errors: dict[int, tuple[str, str]] = {}
         ready: set[int] = set()
         startup_s = None
-        timed_out = False
 
-        def handle(msg) -> None:
-            nonlocal deadline, startup_s
-            kind, rank = msg[0], msg[1]
+        def on_message(kind: str, rank: int, payload: Any) -> None:
+            nonlocal startup_s
             if kind == "progress":
-                progress(msg[1])
+                progress(payload)
             elif kind == "ready":
                 ready.add(rank)
                 if len(ready) == hp.nproc:
                     startup_s = time.monotonic() - started
-            elif kind == "result":
-                results[rank] = msg[2]
-            elif kind == "error":
-                errors[rank] = (msg[2], msg[3])
-                deadline = min(deadline, time.monotonic() + _GRACE_S)
 
-        while len(results) + len(errors) < hp.nproc:
-            now = time.monotonic()
-            if now >= deadline:
-                timed_out = True
-                break
-            try:
-                handle(q.get(timeout=min(0.5, deadline - now)))
-            except queue_module.Empty:
-                self._check_dead(procs, results, errors, q, handle)
-        self._stop(procs)
-        q.close()
+        outcome = run_ranks(run_rank, hp.nproc, (self.port, prefix, job, data), start_method="forkserver",
+                            preload=_PRELOAD, deadline_s=hp.timeout_s, grace_s=_GRACE_S, on_message=on_message,
+                            name=f"experiment-{config.name}-rank")
+        results = outcome.results
+        # A rank's error is (kind, message) from the worker, or a description of how its process ended.
+        errors = {r: e if isinstance(e, tuple) else ("failed", e) for r, e in outcome.errors.items()}
+        timed_out = outcome.timed_out
 
         out: dict[str, Any] = {"options": options, "startup_s": startup_s, "ranks": [], "message": ""}
         if timed_out and not errors:
@@ -154,29 +132,3 @@ class Runner:
             out["status"] = "ok"
             out["ranks"] = [results[r] for r in range(hp.nproc)]
         return out
-
-    @staticmethod
-    def _check_dead(procs, results, errors, q, handle) -> None:
-        """A rank that exited without a report (killed, crashed in native code) is an error of its own."""
-        for rank, p in enumerate(procs):
-            if p.exitcode is not None and rank not in results and rank not in errors:
-                # Its last message may still be in the pipe: read what is there before judging.
-                try:
-                    while True:
-                        handle(q.get(timeout=0.2))
-                except queue_module.Empty:
-                    pass
-                if rank not in results and rank not in errors:
-                    errors[rank] = ("failed", f"process exited with code {p.exitcode} without a report")
-
-    @staticmethod
-    def _stop(procs) -> None:
-        for p in procs:
-            p.join(timeout=5.0)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5.0)
-            if p.is_alive():
-                p.kill()
-                p.join()

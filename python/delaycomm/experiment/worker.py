@@ -23,6 +23,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import delaycomm
+from delaycomm._tools.launch import RankError
 
 __all__ = ["MODELS", "build_model", "shard_indices", "steps_per_epoch", "run_rank"]
 
@@ -71,7 +72,7 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float
     return loss, acc
 
 
-def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarray], queue) -> dict[str, Any]:
+def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarray], post) -> dict[str, Any]:
     x_train = torch.from_numpy(data["x_train"])
     y_train = torch.from_numpy(data["y_train"])
     x_test = torch.from_numpy(data["x_test"])
@@ -116,7 +117,7 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
             end_s.append(end - t0)
             unreported += 1
             if rank == 0 and unreported >= job["progress_every"]:
-                queue.put(("progress", unreported))
+                post("progress", unreported)
                 unreported = 0
             if stop_group is not None:
                 flag = torch.tensor([1 if end - t0 >= job["budget_s"] else 0])
@@ -136,7 +137,7 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     # model, as no step follows. Counted so that the report can say how many there were.
     pending_at_end = len(delaycomm.flush(dist.group.WORLD)) if stale else 0
     if rank == 0 and unreported:
-        queue.put(("progress", unreported))
+        post("progress", unreported)
 
     final_train_loss, train_acc = _evaluate(model, x_train, y_train)
     test_loss, test_acc = _evaluate(model, x_test, y_test)
@@ -149,9 +150,11 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     }
 
 
-def run_rank(rank: int, world: int, port: int, prefix: str, job: dict[str, Any], data: dict[str, np.ndarray],
-             queue) -> None:
-    """Entry point of one rank (a process target). Reports through ``queue``; never raises."""
+def run_rank(rank: int, world: int, post, port: int, prefix: str, job: dict[str, Any],
+             data: dict[str, np.ndarray]) -> dict[str, Any]:
+    """Entry point of one rank (a target of :func:`delaycomm._tools.launch.run_ranks`): posts "ready" and
+    "progress", returns the rank's measurements, raises :class:`RankError` with ``(kind, message)``, kind
+    "unavailable" (the config's options are refused by this build) or "failed"."""
     # NOTE: one intra-op thread per rank: the ranks share the machine's cores, and the comparison must not
     # depend on how many threads each config happened to get.
     torch.set_num_threads(1)
@@ -168,18 +171,15 @@ def run_rank(rank: int, world: int, port: int, prefix: str, job: dict[str, Any],
         dist.init_process_group(job["backend"], store=store, rank=rank, world_size=world,
                                 timeout=timedelta(seconds=job["timeout_s"]), pg_options=pg_options)
         phase = "train"
-        queue.put(("ready", rank))
-        result = _train(rank, world, job, data, queue)
+        post("ready")
+        result = _train(rank, world, job, data, post)
         dist.destroy_process_group()
-        queue.put(("result", rank, result))
+        return result
     except ValueError as e:
         kind = "unavailable" if phase == "init" else "failed"
-        queue.put(("error", rank, kind, str(e) if kind == "unavailable" else _describe(e)))
-    except BaseException as e:  # noqa: BLE001 - reported to the parent, which decides
-        queue.put(("error", rank, "failed", _describe(e)))
-    finally:
-        queue.close()
-        queue.join_thread()
+        raise RankError((kind, str(e) if kind == "unavailable" else _describe(e))) from None
+    except Exception as e:  # noqa: BLE001 - reported to the parent, which decides
+        raise RankError(("failed", _describe(e))) from None
 
 
 def _describe(e: BaseException) -> str:

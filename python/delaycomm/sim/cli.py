@@ -16,6 +16,8 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 
+from delaycomm._tools import args as argtypes
+
 from . import experiments as ex
 from .engine import SimConfig, parse_jitter
 from .models import parse_model
@@ -28,54 +30,13 @@ log = logging.getLogger("delaycomm.sim")
 
 
 # ----------------------------------------------------------------------------------------- argument types
-def _number(text: str, *, low: float | None, strict: bool, integer: bool = False, high: float | None = None):
-    try:
-        value = int(text) if integer else float(text)
-    except ValueError:
-        kind = "an integer" if integer else "a number"
-        raise argparse.ArgumentTypeError(f"expected {kind}, got {text!r}") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if low is not None and (value <= low if strict else value < low):
-        raise argparse.ArgumentTypeError(f"must be {'>' if strict else '>='} {low:g}, got {text!r}")
-    if high is not None and value > high:
-        raise argparse.ArgumentTypeError(f"must be <= {high:g}, got {text!r}")
-    return value
-
-
-def positive(text: str) -> float:
-    """A finite number > 0."""
-    return _number(text, low=0, strict=True)
-
-
-def non_negative(text: str) -> float:
-    """A finite number >= 0."""
-    return _number(text, low=0, strict=False)
-
-
-def fraction(text: str) -> float:
-    """A number in [0, 1]."""
-    return _number(text, low=0, strict=False, high=1)
-
-
-def unit_open(text: str) -> float:
-    """A number in (0, 1]."""
-    return _number(text, low=0, strict=True, high=1)
-
-
-def count(text: str) -> int:
-    """An integer >= 1."""
-    return _number(text, low=1, strict=False, integer=True)
-
-
-def non_negative_int(text: str) -> int:
-    """An integer >= 0."""
-    return _number(text, low=0, strict=False, integer=True)
-
-
-def any_int(text: str) -> int:
-    """Any integer."""
-    return _number(text, low=None, strict=False, integer=True)
+positive = argtypes.number(0, lo_open=True)
+non_negative = argtypes.number(0)
+fraction = argtypes.number(0, 1)
+unit_open = argtypes.number(0, 1, lo_open=True)
+count = argtypes.integer(1)
+non_negative_int = argtypes.integer(0)
+any_int = argtypes.integer()
 
 
 def lead_bound_arg(text: str) -> int | None:
@@ -117,32 +78,10 @@ def jitter_arg(text: str) -> str:
 
 
 def delay_sampler_class():
-    """``delaycomm.DelaySampler``, the backend's C++ sampler.
-
-    Raises:
-        ImportError: If the compiled extension is not importable.
-    """
+    """``delaycomm.DelaySampler``, the backend's C++ sampler (a function, so that tests can put a stand-in there)."""
     from delaycomm import DelaySampler  # the compiled backend's binding
 
     return DelaySampler
-
-
-def delay_arg(text: str) -> str:
-    """A network-delay spec, validated by the backend's own parser."""
-    if text.strip().lower() == "none":
-        return "none"
-    try:
-        sampler_cls = delay_sampler_class()
-    except ImportError as exc:
-        raise argparse.ArgumentTypeError(
-            f"a delay other than 'none' needs delaycomm.DelaySampler from the compiled extension, "
-            f"which is not importable here ({exc}); build delaycomm or use --delay none"
-        ) from None
-    try:
-        sampler_cls(text, seed=0, rank=0)
-    except (ValueError, RuntimeError) as exc:
-        raise argparse.ArgumentTypeError(f"bad delay spec {text!r}: {exc}") from None
-    return text
 
 
 def sampler_factory(spec: str, seed: int, rank: int):
@@ -156,7 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("run control")
     g.add_argument("--seed", type=any_int, default=0, help="first run seed; seeds SEED..SEED+K-1 are run (default 0)")
-    g.add_argument("--seeds", type=count, default=None, metavar="K", help="runs per row, one per seed (default: table 8, scenarios 4, run 1)")
+    g.add_argument("--seeds", type=count, default=None, metavar="K",
+                   help="runs per row, one per seed (default: table 8, scenarios 4, run 1)")
     g.add_argument("--json", metavar="FILE", help="write the measurements as JSON to FILE ('-' for stdout)")
     g.add_argument("--plot", metavar="DIR", help="write PNG plots (loss vs wall clock, staleness histograms) into DIR")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -164,11 +104,15 @@ def build_parser() -> argparse.ArgumentParser:
     c = common.add_argument_group("cluster (defaults: seed 002's inferred setting, see docs/sim.md)")
     c.add_argument("--workers", type=count, help="number of workers N (default 8)")
     c.add_argument("--budget", type=positive, metavar="SECONDS", help="simulated wall-clock budget (default 400)")
-    c.add_argument("--straggler", type=positive, metavar="FACTOR", help="compute-time factor of the straggler(s) (default 4)")
+    c.add_argument("--straggler", type=positive, metavar="FACTOR",
+                   help="compute-time factor of the straggler(s) (default 4)")
     c.add_argument("--stragglers", type=non_negative_int, metavar="K", help="ranks 0..K-1 are stragglers (default 1)")
-    c.add_argument("--base-time", type=positive, metavar="SECONDS", help="mean compute time of a normal worker's gradient (default 0.92)")
-    c.add_argument("--comm", type=non_negative, metavar="SECONDS", help="fixed push+pull time per step, paid by the worker (default 0.07)")
-    c.add_argument("--jitter", type=jitter_arg, metavar="SPEC", help="compute-time jitter: none, lognormal:SIGMA, exp:FRAC, uniform:W (default lognormal:0.2)")
+    c.add_argument("--base-time", type=positive, metavar="SECONDS",
+                   help="mean compute time of a normal worker's gradient (default 0.92)")
+    c.add_argument("--comm", type=non_negative, metavar="SECONDS",
+                   help="fixed push+pull time per step, paid by the worker (default 0.07)")
+    c.add_argument("--jitter", type=jitter_arg, metavar="SPEC",
+                   help="compute-time jitter: none, lognormal:SIGMA, exp:FRAC, uniform:W (default lognormal:0.2)")
     c.add_argument("--lr", type=positive, help="base learning rate (default 1.0)")
     c.add_argument("--batch", type=count, help="mini-batch rows per gradient (default 64)")
 
@@ -184,29 +128,43 @@ def build_parser() -> argparse.ArgumentParser:
                        help="reproduce seed 002's table (and the max-staleness sweep); the default command",
                        description="Run BSP, SSP(s) and ASP to the same wall-clock budget and print seed 002's "
                        "table, with the published numbers and whether each is within seed-to-seed noise.")
-    t.add_argument("--lead", type=count, default=2, metavar="S", help="lead bound of the table's SSP row, lead:S (default 2)")
-    t.add_argument("--sweep", type=bounds_list, default=[2, 8, None], metavar="LIST", help="lead bounds of the max-staleness sweep (default 2,8,inf)")
+    t.add_argument("--lead", type=count, default=2, metavar="S",
+                   help="lead bound of the table's SSP row, lead:S (default 2)")
+    t.add_argument("--sweep", type=bounds_list, default=[2, 8, None], metavar="LIST",
+                   help="lead bounds of the max-staleness sweep (default 2,8,inf)")
 
     s = sub.add_parser("scenarios", parents=[common], help="heavy-tailed delay, stale policies, step-size rules",
                        description="Beyond the seed: the models, the stale policies and the step-size rules under a "
                        "heavy-tailed worker-to-server delay, judged at a short and a long budget.")
-    s.add_argument("--delay", type=delay_arg, default=ex.HEAVY_TAIL_DELAY, metavar="SPEC", help=f"network delay of every update (default {ex.HEAVY_TAIL_DELAY})")
-    s.add_argument("--short-budget", type=positive, default=50.0, metavar="SECONDS", help="the short budget the losses are also read at (default 50)")
+    s.add_argument("--delay", type=argtypes.delay_spec, default=ex.HEAVY_TAIL_DELAY, metavar="SPEC",
+                   help=f"network delay of every update (default {ex.HEAVY_TAIL_DELAY})")
+    s.add_argument("--short-budget", type=positive, default=50.0, metavar="SECONDS",
+                   help="the short budget the losses are also read at (default 50)")
 
     r = sub.add_parser("run", parents=[common], help="simulate one configuration",
                        description="Simulate one configuration (every knob) and print its row.")
     which = r.add_mutually_exclusive_group()
     # default None, not "asp": argparse does not notice a conflict when a value is the default object.
-    which.add_argument("--model", type=model_arg, default=None, help="bsp, asp, lead:S (SSP: a worker at most S >= 1 applied steps ahead of the slowest; not the backend's ssp:S, see docs/sim.md) or lead:inf (default asp)")
+    which.add_argument("--model", type=model_arg, default=None,
+                       help="bsp, asp, lead:S (SSP: a worker at most S >= 1 applied steps ahead of the slowest; not "
+                            "the backend's ssp:S, see docs/sim.md) or lead:inf (default asp)")
     which.add_argument("--lead", type=lead_arg, metavar="S", help="shorthand for --model lead:S (S >= 1 or inf)")
-    r.add_argument("--delay", type=delay_arg, default="none", metavar="SPEC", help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default none)")
-    r.add_argument("--delay-fraction", type=fraction, default=1.0, metavar="P", help="fraction of updates delayed, in [0, 1] (default 1)")
-    r.add_argument("--delay-where", choices=("network", "host"), default="network", help="network: the worker goes on while its update is in flight; host: it waits (default network)")
+    r.add_argument("--delay", type=argtypes.delay_spec, default="none", metavar="SPEC",
+                   help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, "
+                        "lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default "
+                        "none)")
+    r.add_argument("--delay-fraction", type=fraction, default=1.0, metavar="P",
+                   help="fraction of updates delayed, in [0, 1] (default 1)")
+    r.add_argument("--delay-where", choices=("network", "host"), default="network",
+                   help="network: the worker goes on while its update is in flight; host: it waits (default network)")
     r.add_argument("--policy", choices=POLICIES, default="apply", help="stale policy (default apply)")
-    r.add_argument("--alpha", type=unit_open, default=0.1, help="EMA blend weight of stale contributions, in (0, 1] (default 0.1)")
-    r.add_argument("--stale-after", type=non_negative_int, metavar="TAU", help="largest staleness counted as fresh by drop/ema (default N-1)")
+    r.add_argument("--alpha", type=unit_open, default=0.1,
+                   help="EMA blend weight of stale contributions, in (0, 1] (default 0.1)")
+    r.add_argument("--stale-after", type=non_negative_int, metavar="TAU",
+                   help="largest staleness counted as fresh by drop/ema (default N-1)")
     r.add_argument("--step", choices=STEP_RULES, default="const", help="step-size rule (default const)")
-    r.add_argument("--dc-lambda", type=non_negative, default=0.04, help="DC-ASGD lambda (dcasgd) or lambda0 (dcasgd-a) (default 0.04)")
+    r.add_argument("--dc-lambda", type=non_negative, default=0.04,
+                   help="DC-ASGD lambda (dcasgd) or lambda0 (dcasgd-a) (default 0.04)")
     r.add_argument("--radius", type=positive, default=10.0, help="projection radius R of the anytime rule (default 10)")
     t.set_defaults(handler=cmd_table, subparser=t)
     s.set_defaults(handler=cmd_scenarios, subparser=s)
@@ -346,7 +304,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             for b in budgets:
                 row.extra[f"loss_{b:g}"] = (f"loss@{b:g}s", "log-loss", [ex.loss_at(x, b) for x in row.runs], 4)
             # The worst loss of the second half: a very stale update at a large step shows up as a spike.
-            row.extra["peak_loss"] = ("peak, 2nd half", "log-loss", [ex.peak_loss(x, long_budget / 2) for x in row.runs], 4)
+            row.extra["peak_loss"] = ("peak, 2nd half", "log-loss",
+                                      [ex.peak_loss(x, long_budget / 2) for x in row.runs], 4)
         print(f"\n## {title}")
         print(format_table(rows, extra_cols, title="configuration"))
         verdicts = ex.winners(rows, budgets)
@@ -357,7 +316,8 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
         payload["groups"].append({
             "title": title,
             "verdicts": [dataclasses.asdict(v) for v in verdicts],
-            "rows": [{"name": r.name, "summary": _summary(r), "runs": [result_record(x) for x in r.runs]} for r in rows],
+            "rows": [{"name": r.name, "summary": _summary(r), "runs": [result_record(x) for x in r.runs]}
+                     for r in rows],
         })
         if args.plot:
             slug = title.split(",")[0].split(" (")[0].replace(" ", "_").replace("-", "_")

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import heapq
 import logging
 import math
@@ -327,7 +328,7 @@ def simulate(
     factors = [config.straggler if i < config.stragglers else 1.0 for i in range(n)]
     jitters = [_jitter_sampler(config.jitter, _stream(config.seed, 1, i)) for i in range(n)]
     batches = [
-        _Blocks(lambda k, i=i, rng=_stream(config.seed, 2, i): problem.sample_rows(i, rng, k), block=64)
+        _Blocks(functools.partial(problem.sample_rows, i, _stream(config.seed, 2, i)), block=64)
         for i in range(n)
     ]
     delays = [

@@ -3,8 +3,8 @@
 A policy decides how much of an arriving gradient counts (a scale, 0 drops
 it); a step-size rule turns the scaled gradient into a parameter update. The
 two compose: every rule works under every policy and every consistency model.
-Definitions, sources and the adaptation of SPEC section 5 to a parameter
-server are in docs/sim.md; each rule's docstring gives its exact update.
+Definitions, sources and the adaptation of the backend's policies
+(docs/staleness.md) to a parameter server are in docs/sim.md; each rule's docstring gives its exact update.
 """
 
 from __future__ import annotations
@@ -29,20 +29,20 @@ STEP_RULES = ("const", "staleness", "adadelay", "dcasgd", "dcasgd-a", "anytime")
 
 
 class StalePolicy:
-    """Weights fresh and stale arrivals as SPEC section 5 does, per update.
+    """Weights fresh and stale arrivals as the backend's policies do (docs/staleness.md), per update.
 
     An arrival is *stale* when its staleness exceeds ``stale_after``. The
     server treats the last ``N`` arrivals (this one included) as one virtual
     all-reduce step with ``n_f`` fresh and ``n_s`` stale contributions
     (``m = n_f + n_s``, which is ``N`` once ``N`` updates have arrived) and
-    scales the current arrival by the weight SPEC section 5 gives it, in
+    scales the current arrival by the weight the backend's policy gives it, in
     units of one ordinary update:
 
     * ``apply``: 1.
     * ``drop``: 0 if stale; ``m / n_f`` if fresh.
     * ``ema``: if both kinds are in the window, ``(1 - alpha) * m / n_f`` for
       a fresh arrival and ``alpha * m / n_s`` for a stale one; otherwise 1
-      (SPEC: ``(N / n_fresh) * sum(fresh)`` with no stale due, and
+      (the backend: ``(N / n_fresh) * sum(fresh)`` with no stale due, and
       ``N * mean(due-stale)`` when every contribution is late).
 
     Args:

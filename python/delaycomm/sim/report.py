@@ -8,15 +8,16 @@ needs NumPy only.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
-import platform
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
+
+from delaycomm._tools import output, table
+from delaycomm._tools.machine import machine_info, versions
 
 from .engine import RunResult
 
@@ -89,7 +90,7 @@ def _cell(values: np.ndarray, digits: int) -> str:
 
 
 def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS, title: str = "") -> str:
-    """Render rows as a fixed-width text table with a units line.
+    """Render rows as a fixed-width text table with a units line (the tools' layout, :mod:`delaycomm._tools.table`).
 
     With several seeds a cell is ``mean ±sd`` (sample standard deviation);
     a row with ``published`` values is followed by a ``  published`` line.
@@ -105,12 +106,10 @@ def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS, title
     extra_keys: list[str] = []
     for row in rows:
         extra_keys += [k for k in row.extra if k not in extra_keys]
-    headers = [title] + [c.header for c in columns]
-    units = [""] + [c.unit for c in columns]
+    schema = [table.Column(title, align="<")] + [table.Column(c.header, c.unit) for c in columns]
     for key in extra_keys:
         header, unit = next((r.extra[key][0], r.extra[key][1]) for r in rows if key in r.extra)
-        headers.append(header)
-        units.append(unit)
+        schema.append(table.Column(header, unit))
     body: list[list[str]] = []
     for row in rows:
         cells = [row.name] + [_cell(row.values(c), c.digits) for c in columns]
@@ -128,16 +127,7 @@ def format_table(rows: Sequence[Row], columns: Sequence[Column] = COLUMNS, title
                 pub.append("" if v is None else f"{v:.{c.digits}f}")
             pub += [""] * len(extra_keys)
             body.append(pub)
-    widths = [max(len(line[i]) for line in [headers, units] + body) for i in range(len(headers))]
-
-    def fmt(line: list[str]) -> str:
-        first = line[0].ljust(widths[0])
-        rest = [cell.rjust(w) for cell, w in zip(line[1:], widths[1:])]
-        return "  ".join([first] + rest).rstrip()
-
-    out = [fmt(headers), fmt(["#"] + units[1:]) if title else fmt(units)]
-    out += [fmt(line) for line in body]
-    return "\n".join(out)
+    return table.format_rows(schema, body)
 
 
 def result_record(result: RunResult) -> dict[str, Any]:
@@ -165,23 +155,14 @@ def _jsonable(value: float) -> float | int:
 
 
 def write_json(path: str, payload: dict[str, Any]) -> None:
-    """Write ``payload`` with argv and versions to ``path`` (``-`` for stdout).
+    """Write ``payload`` with argv and versions to ``path`` atomically (``-`` for stdout).
 
     Args:
         path: Destination file, or ``-``.
         payload: The measurements.
     """
-    doc = {
-        "argv": sys.argv,
-        "versions": {"python": platform.python_version(), "numpy": np.__version__},
-        **payload,
-    }
-    text = json.dumps(doc, indent=1, sort_keys=False)
-    if path == "-":
-        sys.stdout.write(text + "\n")
-        return
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write(text + "\n")
+    output.write_json(path, {"argv": sys.argv, "versions": versions(("numpy",)), "machine": machine_info(),
+                             **payload})
 
 
 def _pyplot():
@@ -193,7 +174,8 @@ def _pyplot():
     return plt
 
 
-def plot_loss(series: Sequence[tuple[str, Sequence[RunResult]]], path: str, title: str, optimum: float | None = None) -> str:
+def plot_loss(series: Sequence[tuple[str, Sequence[RunResult]]], path: str, title: str,
+              optimum: float | None = None) -> str:
     """Plot loss against simulated wall clock, one line per series.
 
     The line is the first seed's run; with several seeds a band shows the

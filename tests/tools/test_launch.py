@@ -1,0 +1,63 @@
+"""The tools' launcher: every rank's outcome comes back, failures at once, a dead rank and the deadline noticed."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from delaycomm._tools.launch import run_ranks
+
+from . import _targets
+
+# One fork server that imported delaycomm (and torch) once: each rank then starts in milliseconds.
+FAST = {"start_method": "forkserver", "preload": ("tests.tools._targets",)}
+
+
+@pytest.mark.timeout(120)
+def test_results_messages_and_environment_of_every_rank():
+    seen = []
+    out = run_ranks(_targets.echo, 3, ("t",), env={"DC_TEST_ENV": "x"}, on_message=lambda *m: seen.append(m),
+                    **FAST)
+    assert out.ok and not out.timed_out and out.errors == {}
+    assert out.results == {0: ("t", 0, 3, "x"), 1: ("t", 1, 3, "x"), 2: ("t", 2, 3, "x")}
+    assert sorted(seen) == [("hello", 0, "0/3"), ("hello", 1, "1/3"), ("hello", 2, "2/3")]
+
+
+@pytest.mark.timeout(120)
+def test_an_error_stops_the_others_at_once_with_its_traceback():
+    t0 = time.monotonic()
+    out = run_ranks(_targets.rank1_raises, 2, **FAST)
+    assert time.monotonic() - t0 < 30  # rank 0 sleeps 60 s: it was stopped, not waited for
+    assert not out.ok and not out.timed_out and list(out.errors) == [1] and out.results == {}
+    assert "RuntimeError: rank 1 broke on purpose" in out.errors[1] and "Traceback" in out.errors[1]
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_error_payload_comes_back_as_raised_and_the_others_finish_within_the_grace():
+    out = run_ranks(_targets.rank1_reports, 2, grace_s=30.0, **FAST)
+    assert out.errors == {1: ("unavailable", "not in this build")} and out.results == {0: "ok"}
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_that_dies_without_a_report_is_an_error():
+    out = run_ranks(_targets.rank0_dies, 2, **FAST)
+    assert out.errors == {0: "process exited with code 7 without a report"}
+
+
+@pytest.mark.timeout(120)
+def test_the_deadline_stops_every_rank():
+    t0 = time.monotonic()
+    out = run_ranks(_targets.hangs, 2, deadline_s=1.0, **FAST)
+    assert out.timed_out and out.errors == {} and out.results == {} and not out.ok
+    assert time.monotonic() - t0 < 30
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"nproc": 0}, "nproc must be >= 1, got 0"),
+    ({"start_method": "fork"}, "start_method must be 'spawn' or 'forkserver', got 'fork'"),
+    ({"preload": ("os",)}, "preload needs start_method='forkserver'"),
+])
+def test_bad_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=f"^run_ranks: {message}"):
+        run_ranks(_targets.echo, **{"nproc": 1, **kwargs})
