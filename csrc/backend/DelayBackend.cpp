@@ -102,6 +102,7 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
     }
   }
+  fastPath_ = options_.slowdown <= 1.0 && !(schedule_ && schedule_->targets(rank));
   if (options_.staleness != "bsp") {
     TORCH_CHECK_VALUE(options_.staleness == "ssp" || options_.staleness == "asp",
                       "delaycomm: DelayBackend: staleness must be bsp, ssp or asp, got ", options_.staleness);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <c10/core/Event.h>
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/DelayWork.hpp"
@@ -163,12 +164,34 @@ class DelayBackend : public c10d::Backend {
 
  private:
   using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
+  using IssueRef = c10::function_ref<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
 
-  // Routes one op: picks the inner backend for `device`, counts it, issues it and wraps the inner work.
+  // The one helper every op forwards through: picks the inner backend for `device`, counts the op, issues it
+  // with `issue` (a callable taking the inner backend, owning copies of its arguments) and wraps the inner work.
   // asyncOp: the c10d option of that name (false: the inner NCCL op may run on the current stream, so a GPU
-  // delay must then be joined back into it).
-  c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes, std::vector<at::Tensor> outputs,
-                                     IssueFn issue, bool asyncOp = true, bool applyDelay = true);
+  // delay must then be joined back into it). applyDelay: false for ops the staleness engine already delayed.
+  // NOTE: a template so that the fast path (CPU, nothing configured that acts on this rank: see fastPath_)
+  // calls `issue` in place; only the general path (delays, slowdown, coalescing, CUDA timing) stores it.
+  template <typename Issue>
+  c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes,
+                                     const std::vector<at::Tensor>& outputs, Issue&& issue, bool asyncOp = true,
+                                     bool applyDelay = true) {
+    if (fastPath_ && !coalescing_ && device.is_cpu()) {
+      return runDirect(op, device, bytes, outputs, IssueRef(issue));
+    }
+    return runGeneral(op, device, bytes, outputs, IssueFn(std::forward<Issue>(issue)), asyncOp, applyDelay);
+  }
+  // The fast path: issue on the calling thread, wrap in a DirectWorkCpu (DelayRun.cpp).
+  c10::intrusive_ptr<c10d::Work> runDirect(OpKind op, c10::Device device, int64_t bytes,
+                                           const std::vector<at::Tensor>& outputs, IssueRef issue);
+  // Everything else: slowdown, delay (host, CPU issuer thread, GPU sleep kernel), coalescing, CUDA timing.
+  c10::intrusive_ptr<c10d::Work> runGeneral(OpKind op, c10::Device device, int64_t bytes,
+                                            const std::vector<at::Tensor>& outputs, IssueFn issue, bool asyncOp,
+                                            bool applyDelay);
+  // The caller's work for a CPU op issued at once: a DirectWorkCpu, or a DelayWorkCpu when the inner work has
+  // no future (Gloo's send/recv: timed in wait()).
+  c10::intrusive_ptr<c10d::Work> wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op, uint64_t seq,
+                                               Clock::time_point calledAt, const std::vector<at::Tensor>& outputs);
   // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
   c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
                                           const c10d::AllreduceOptions& opts);
@@ -176,7 +199,7 @@ class DelayBackend : public c10d::Backend {
   bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
-  c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,
+  c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueRef issue,
                                          bool countErrors);
   // Slowdown K: sleeps (K - 1) x the time since the previous op returned, on hostSleeper_, until `deadline` at
   // most (then raises the timeout error).
@@ -190,6 +213,8 @@ class DelayBackend : public c10d::Backend {
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
+  // Nothing configured acts on this rank's ops (no delay targets it, no slowdown): CPU ops take runDirect().
+  bool fastPath_ = true;
   std::unique_ptr<DelaySchedule> schedule_;
   std::unique_ptr<StalenessEngine> stale_;
   std::array<bool, kNumOpKinds> delayOp_{};

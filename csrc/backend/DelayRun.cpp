@@ -67,7 +67,7 @@ void DelayBackend::applySlowdown(OpKind op, uint64_t seq, Clock::time_point dead
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKind op, c10::Device device,
-                                                     IssueFn& issue, bool countErrors) {
+                                                     IssueRef issue, bool countErrors) {
   auto& s = stats_->op(op);
   try {
     return issue(inner);
@@ -89,9 +89,44 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKin
   }
 }
 
-c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, int64_t bytes,
-                                                 std::vector<at::Tensor> outputs, IssueFn issue, bool asyncOp,
-                                                 bool applyDelay) {
+c10::intrusive_ptr<c10d::Work> DelayBackend::runDirect(OpKind op, c10::Device device, int64_t bytes,
+                                                       const std::vector<at::Tensor>& outputs, IssueRef issue) {
+  c10d::Backend& inner = innerFor(op, device);
+  const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  auto& s = stats_->op(op);
+  s.calls.fetch_add(1, std::memory_order_relaxed);
+  s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+  const auto calledAt = Clock::now();
+  auto innerWork = issueOn(inner, op, device, issue, true);
+  if (!innerWork) {
+    return innerWork;
+  }
+  return wrapIssuedCpu(std::move(innerWork), op, seq, calledAt, outputs);
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op,
+                                                           uint64_t seq, Clock::time_point calledAt,
+                                                           const std::vector<at::Tensor>& outputs) {
+  c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
+  try {
+    innerFuture = innerWork->getFuture();
+  } catch (const std::exception&) {
+    // Gloo's send/recv works have no future: DelayWorkCpu times them in wait().
+  }
+  if (innerFuture) {
+    auto work = c10::make_intrusive<DirectWorkCpu>(std::move(innerWork), std::move(innerFuture), op, seq, stats_,
+                                                   calledAt);
+    work->watch();
+    return work;
+  }
+  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, options_.timeout, 0);
+  work->attach(std::move(innerWork));
+  return work;
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device device, int64_t bytes,
+                                                        const std::vector<at::Tensor>& outputs, IssueFn issue,
+                                                        bool asyncOp, bool applyDelay) {
   c10d::Backend& inner = innerFor(op, device);
   const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
   // Every wait this call adds on the calling thread (slowdown, host delay) ends by the group's timeout.
@@ -174,7 +209,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::run(OpKind op, c10::Device device, 
   }
 
   const auto calledAt = Clock::now();
-  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, std::move(outputs), options_.timeout,
+  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, options_.timeout,
                                                 networkDelayNs);
   if (coalescing_ && !inner.supportsCoalescing()) {
     coalescedWorks_.push_back(work);

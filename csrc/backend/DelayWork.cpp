@@ -272,6 +272,50 @@ c10::intrusive_ptr<c10::ivalue::Future> DelayWorkCpu::getFuture() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// DirectWorkCpu
+
+DirectWorkCpu::DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture,
+                             OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt)
+    : c10d::Work(-1, opTypeOf(op)),
+      inner_(std::move(inner)),
+      future_(std::move(innerFuture)),
+      op_(op),
+      seq_(seq),
+      stats_(std::move(stats)),
+      issuedAt_(issuedAt) {}
+
+void DirectWorkCpu::watch() {
+  // NOTE: the callback owns a reference to this work; the cycle (inner future -> callback -> this -> future) is
+  // broken when the future completes and drops its callbacks. uses_future=false: the callback reads only whether
+  // the future failed, so the future need not synchronise streams for it.
+  future_->addCallback(
+      [self = c10::intrusive_ptr<DirectWorkCpu>::reclaim_copy(this)](c10::ivalue::Future& f) {
+        self->recordCompletion(!f.hasError());
+      },
+      /*uses_future=*/false);
+}
+
+void DirectWorkCpu::recordCompletion(bool ok) {
+  if (recorded_.exchange(true, std::memory_order_acq_rel)) {
+    return;
+  }
+  auto& s = stats_->op(op_);
+  s.latencyNs.record(nsSince(issuedAt_));
+  if (!ok) {
+    s.errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool DirectWorkCpu::wait(std::chrono::milliseconds timeout) {
+  try {
+    return inner_->wait(timeout);
+  } catch (...) {
+    recordCompletion(false);
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // DelayWorkCuda
 
 DelayWorkCuda::DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq,
