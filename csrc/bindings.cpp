@@ -26,6 +26,7 @@
 #endif
 #include "kernels/Blend.hpp"
 #include "stats/Histogram.hpp"
+#include "ops/OpTable.hpp"
 #include "stats/OpStats.hpp"
 
 namespace py = pybind11;
@@ -416,6 +417,32 @@ PYBIND11_MODULE(_C, m) {
       false
 #endif
   );
+
+  // ---- the op table (csrc/ops/OpTable.hpp): the one list of ops, read by delaycomm._ops --------------------------
+  py::class_<OpInfo>(m, "OpInfo", "One row of the native op table (csrc/ops/OpTable.hpp).")
+      .def_property_readonly("kind", [](const OpInfo& o) { return static_cast<int>(o.kind); })
+      .def_property_readonly("name", [](const OpInfo& o) { return std::string(o.name); })
+      .def_property_readonly("reduces", [](const OpInfo& o) { return o.reduces; })
+      .def_property_readonly("delayable", [](const OpInfo& o) { return o.delayable; })
+      .def_property_readonly("aliases",
+                             [](const OpInfo& o) {
+                               std::vector<std::string> names;
+                               for (const char* a : o.aliases) {
+                                 if (a) names.emplace_back(a);
+                               }
+                               return py::tuple(py::cast(names));
+                             })
+      .def("__repr__", [](const OpInfo& o) { return std::string("<delaycomm op ") + o.name + ">"; });
+  m.def(
+      "op_table",
+      [] {
+        py::tuple rows(kNumOpKinds);
+        for (int i = 0; i < kNumOpKinds; ++i) {
+          rows[i] = py::cast(&opTable()[i], py::return_value_policy::reference);
+        }
+        return rows;
+      },
+      "Every op the backend forwards, in OpKind order (names, aliases, which reduce, which delay_ops may name).");
 
   py::class_<BackendOptions>(m, "BackendOptions")
       .def(py::init<>())

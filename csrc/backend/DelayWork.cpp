@@ -2,7 +2,6 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
-#include <torch/version.h>
 
 #include "delay/DelayTimeout.hpp"
 
@@ -11,36 +10,7 @@ namespace delaycomm {
 namespace {
 
 c10d::OpType opTypeOf(OpKind op) {
-  using c10d::OpType;
-  switch (op) {
-    case OpKind::kBroadcast: return OpType::BROADCAST;
-    case OpKind::kAllreduce: return OpType::ALLREDUCE;
-    case OpKind::kAllreduceCoalesced: return OpType::ALLREDUCE_COALESCED;
-    case OpKind::kReduce: return OpType::REDUCE;
-    case OpKind::kAllgather: return OpType::ALLGATHER;
-    case OpKind::kAllgatherBase: return OpType::_ALLGATHER_BASE;
-    case OpKind::kAllgatherCoalesced: return OpType::ALLGATHER_COALESCED;
-    case OpKind::kAllgatherIntoTensorCoalesced: return OpType::COALESCED;
-    case OpKind::kGather: return OpType::GATHER;
-    case OpKind::kScatter: return OpType::SCATTER;
-    case OpKind::kReduceScatter: return OpType::REDUCE_SCATTER;
-    case OpKind::kReduceScatterBase: return OpType::_REDUCE_SCATTER_BASE;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
-    case OpKind::kReduceScatterTensorCoalesced: return OpType::REDUCE_SCATTER_TENSOR_COALESCED;
-#else
-    // NOTE: torch 2.11 (the GPU machine's) has no REDUCE_SCATTER_TENSOR_COALESCED op type yet.
-    case OpKind::kReduceScatterTensorCoalesced: return OpType::COALESCED;
-#endif
-    case OpKind::kAlltoallBase: return OpType::ALLTOALL_BASE;
-    case OpKind::kAlltoall: return OpType::ALLTOALL;
-    case OpKind::kSend: return OpType::SEND;
-    case OpKind::kRecv: return OpType::RECV;
-    case OpKind::kRecvAnysource: return OpType::RECVANYSOURCE;
-    case OpKind::kBarrier: return OpType::BARRIER;
-    case OpKind::kCoalesced: return OpType::COALESCED;
-    case OpKind::kCount: break;
-  }
-  return OpType::UNKNOWN;
+  return opInfo(op).workType;
 }
 
 double nsSince(Clock::time_point t0) {

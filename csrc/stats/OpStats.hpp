@@ -5,40 +5,10 @@
 #include <cstdint>
 #include <string>
 
+#include "ops/OpTable.hpp"
 #include "stats/Histogram.hpp"
 
 namespace delaycomm {
-
-// Every operation a DelayBackend forwards, with the names c10d's Python API uses for them.
-enum class OpKind : int {
-  kBroadcast = 0,
-  kAllreduce,
-  kAllreduceCoalesced,
-  kReduce,
-  kAllgather,
-  kAllgatherBase,
-  kAllgatherCoalesced,
-  kAllgatherIntoTensorCoalesced,
-  kGather,
-  kScatter,
-  kReduceScatter,
-  kReduceScatterBase,
-  kReduceScatterTensorCoalesced,
-  kAlltoallBase,
-  kAlltoall,
-  kSend,
-  kRecv,
-  kRecvAnysource,
-  kBarrier,
-  kCoalesced,
-  kCount  // not an op
-};
-
-constexpr int kNumOpKinds = static_cast<int>(OpKind::kCount);
-
-const char* opName(OpKind op);
-// Inverse of opName; returns false when the name is unknown.
-bool opFromName(const std::string& name, OpKind* out);
 
 // Telemetry of one op type in one group. All members are updated lock-free from any thread.
 struct OpStats {
