@@ -56,6 +56,42 @@ c10::Device checkTensor(OpKind op, const char* arg, const at::Tensor& t) {
   return checkTensors(op, arg, std::vector<at::Tensor>{t});
 }
 
+// Checks that `t` (named `arg`) has the dtype, sizes and device type of `ref` (named `refArg`): the two sides of a
+// collective whose tensors must match one for one.
+void checkMatches(OpKind op, const std::string& arg, const at::Tensor& t, const char* refArg, const at::Tensor& ref) {
+  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type() && t.sizes() == ref.sizes() &&
+                        t.device().type() == ref.device().type(),
+                    "delaycomm: ", opName(op), ": ", arg, " must have the dtype, sizes and device type of ", refArg,
+                    " (", ref.scalar_type(), " ", ref.sizes(), " on ", ref.device().type(), "), got ", t.scalar_type(),
+                    " ", t.sizes(), " on ", t.device().type());
+}
+
+// The one-tensor side of gather/scatter: exactly one tensor.
+void checkSingle(OpKind op, const char* arg, const std::vector<at::Tensor>& tensors) {
+  TORCH_CHECK_VALUE(tensors.size() == 1, "delaycomm: ", opName(op), ": ", arg, " must hold exactly one tensor, got ",
+                    tensors.size());
+}
+
+// The root's side of gather (outputs) or scatter (inputs): one list of `size` tensors, each like `single`;
+// empty on every other rank.
+void checkRootLists(OpKind op, const char* arg, const std::vector<std::vector<at::Tensor>>& lists, int rank, int size,
+                    int64_t root, const char* singleArg, const at::Tensor& single) {
+  TORCH_CHECK_VALUE(root >= 0 && root < size, "delaycomm: ", opName(op), ": the root must be a rank of the group, in [0, ",
+                    size, "), got ", root);
+  if (rank != root) {
+    TORCH_CHECK_VALUE(lists.empty(), "delaycomm: ", opName(op), ": ", arg, " must be empty on a rank other than the root (",
+                      root, "), got ", lists.size(), " list(s) on rank ", rank);
+    return;
+  }
+  TORCH_CHECK_VALUE(lists.size() == 1, "delaycomm: ", opName(op), ": ", arg,
+                    " must hold exactly one list of tensors on the root, got ", lists.size());
+  TORCH_CHECK_VALUE(lists[0].size() == static_cast<size_t>(size), "delaycomm: ", opName(op), ": ", arg,
+                    "[0] must hold one tensor per rank (", size, ") on the root, got ", lists[0].size());
+  for (size_t i = 0; i < lists[0].size(); ++i) {
+    checkMatches(op, c10::str(arg, "[0][", i, "]"), lists[0][i], singleArg, single);
+  }
+}
+
 std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
   std::vector<at::Tensor> out;
   for (const auto& l : lists) {
@@ -74,35 +110,22 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
       options_(std::move(options)),
       stats_(std::make_shared<GroupStats>()) {
   TORCH_CHECK_VALUE(cpuInner_ || cudaInner_, "delaycomm: DelayBackend needs at least one inner backend");
-  TORCH_CHECK_VALUE(options_.slowdown >= 1.0, "delaycomm: DelayBackend: slowdown must be >= 1, got ",
-                    options_.slowdown);
-  DelaySpec spec;
-  try {
-    spec = parseDelaySpec(options_.delay);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
+  DelayInjector::Options delay;
+  delay.delay = options_.delay;
+  delay.fraction = options_.delayFraction;
+  delay.ranks = options_.delayRanks;
+  for (const auto& name : options_.delayOps) {
+    OpKind kind;
+    TORCH_CHECK_VALUE(opFromName(name, &kind), "delaycomm: DelayBackend: delay_ops: unknown op '", name, "'");
+    delay.ops.push_back(kind);
   }
-  if (!spec.isNone() && options_.delayFraction > 0.0) {
-    try {
-      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.delayFraction, options_.seed,
-                                                  options_.delayRanks);
-    } catch (const std::invalid_argument& e) {
-      TORCH_CHECK_VALUE(false, e.what());
-    }
-    if (options_.delayOps.empty()) {
-      delayOp_.fill(true);
-      delayOp_[static_cast<int>(OpKind::kCoalesced)] = false;
-    }
-    for (const auto& name : options_.delayOps) {
-      OpKind kind;
-      TORCH_CHECK_VALUE(opFromName(name, &kind), "delaycomm: DelayBackend: delay_ops: unknown op '", name, "'");
-      delayOp_[static_cast<int>(kind)] = true;
-    }
-    if (cpuInner_ && !options_.delayOnHost && schedule_->targets(rank)) {
-      issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
-    }
-  }
-  fastPath_ = options_.slowdown <= 1.0 && !(schedule_ && schedule_->targets(rank));
+  delay.onHost = options_.delayOnHost;
+  delay.seed = options_.seed;
+  delay.slowdown = options_.slowdown;
+  delay.timeout = options_.timeout;
+  delay.groupName = options_.groupName;
+  injector_ = std::make_unique<DelayInjector>(rank, std::move(delay), static_cast<bool>(cpuInner_), stats_);
+  fastPath_ = !injector_->engaged();
   if (options_.staleness != "bsp") {
     TORCH_CHECK_VALUE(options_.staleness == "ssp" || options_.staleness == "asp",
                       "delaycomm: DelayBackend: staleness must be bsp, ssp or asp, got ", options_.staleness);
@@ -121,18 +144,14 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
     so.maxPending = options_.maxPending;
     so.timeout = options_.timeout;  // bounds the SSP gate and the step_ms=auto agreement (docs/staleness.md)
     so.groupName = options_.groupName;
-    stale_ = std::make_unique<StalenessEngine>(rank, size, so, schedule_.get(), options_.store, stats_);
+    stale_ = std::make_unique<StalenessEngine>(rank, size, so, injector_->schedule(), options_.store, stats_);
   }
 }
 
 DelayBackend::~DelayBackend() {
   // shutdown() did this already unless the group was never destroyed (interpreter exit): wake the host sleepers,
-  // issue what is held back and join the issuer thread (IssuerThread::stop() is safe from any thread, itself
-  // included), so that no thread of this group outlives it.
-  hostSleeper_.close();
-  if (issuer_) {
-    issuer_->stop();
-  }
+  // issue what is held back and join the issuer thread, so that no thread of this group outlives it.
+  injector_->close();
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DelayBackend::getBackendOptions() {
@@ -185,7 +204,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
 // dense floating tensor outside a coalescing window (docs/staleness.md).
 bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
                                  const c10d::ReduceOp& reduceOp) const {
-  if (!stale_ || !schedule_ || !schedule_->active() || !delayOp_[static_cast<int>(op)]) {
+  const DelaySchedule* schedule = injector_->schedule();
+  if (!stale_ || !schedule || !schedule->active() || !injector_->delays(op)) {
     return false;
   }
   if (tensors.size() != 1 || coalescing_) {
@@ -285,8 +305,22 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output,
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) {
-  const auto device = checkTensors(OpKind::kAllgatherCoalesced, "inputTensors", inputs);
-  return run(OpKind::kAllgatherCoalesced, device, bytesOf(inputs), flatten(outputs),
+  const OpKind op = OpKind::kAllgatherCoalesced;
+  const auto device = checkTensors(op, "inputTensors", inputs);
+  // One output list per rank, each holding one tensor like each input.
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(getSize()), "delaycomm: ", opName(op),
+                    ": outputTensorLists must hold one list per rank (", getSize(), "), got ", outputs.size());
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    TORCH_CHECK_VALUE(outputs[r].size() == inputs.size(), "delaycomm: ", opName(op), ": outputTensorLists[", r,
+                      "] must hold one tensor per input (", inputs.size(), "), got ", outputs[r].size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkMatches(op, c10::str("outputTensorLists[", r, "][", i, "]"), outputs[r][i],
+                   c10::str("inputTensors[", i, "]").c_str(), inputs[i]);
+    }
+  }
+  auto flat = flatten(outputs);
+  checkTensors(op, "outputTensorLists", flat);
+  return run(op, device, bytesOf(inputs), flat,
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.allgather_coalesced(outputs, inputs, opts);
              }, opts.asyncOp);
@@ -306,24 +340,52 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std
 c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
-  const auto device = checkTensors(OpKind::kGather, "inputTensors", inputs);
-  return run(OpKind::kGather, device, bytesOf(inputs), flatten(outputs),
+  const OpKind op = OpKind::kGather;
+  const auto device = checkTensors(op, "inputTensors", inputs);
+  checkSingle(op, "inputTensors", inputs);
+  checkRootLists(op, "outputTensors", outputs, getRank(), getSize(), opts.rootRank, "inputTensors[0]", inputs[0]);
+  auto flat = flatten(outputs);
+  if (!flat.empty()) {
+    checkTensors(op, "outputTensors", flat);
+  }
+  return run(op, device, bytesOf(inputs), flat,
              [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
-  const auto device = checkTensors(OpKind::kScatter, "outputTensors", outputs);
-  return run(OpKind::kScatter, device, bytesOf(outputs), outputs,
+  const OpKind op = OpKind::kScatter;
+  const auto device = checkTensors(op, "outputTensors", outputs);
+  checkSingle(op, "outputTensors", outputs);
+  checkRootLists(op, "inputTensors", inputs, getRank(), getSize(), opts.rootRank, "outputTensors[0]", outputs[0]);
+  const auto flat = flatten(inputs);
+  if (!flat.empty()) {
+    checkTensors(op, "inputTensors", flat);
+  }
+  return run(op, device, bytesOf(outputs), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
-  const auto device = checkTensors(OpKind::kReduceScatter, "outputTensors", outputs);
-  return run(OpKind::kReduceScatter, device, bytesOf(flatten(inputs)), outputs,
+  const OpKind op = OpKind::kReduceScatter;
+  const auto device = checkTensors(op, "outputTensors", outputs);
+  // One input list per output, each holding one tensor per rank like its output.
+  TORCH_CHECK_VALUE(inputs.size() == outputs.size(), "delaycomm: ", opName(op),
+                    ": inputTensors must hold one list per output tensor (", outputs.size(), "), got ", inputs.size());
+  for (size_t o = 0; o < inputs.size(); ++o) {
+    TORCH_CHECK_VALUE(inputs[o].size() == static_cast<size_t>(getSize()), "delaycomm: ", opName(op), ": inputTensors[",
+                      o, "] must hold one tensor per rank (", getSize(), "), got ", inputs[o].size());
+    const auto ref = c10::str("outputTensors[", o, "]");
+    for (size_t r = 0; r < inputs[o].size(); ++r) {
+      checkMatches(op, c10::str("inputTensors[", o, "][", r, "]"), inputs[o][r], ref.c_str(), outputs[o]);
+    }
+  }
+  const auto flat = flatten(inputs);
+  checkTensors(op, "inputTensors", flat);
+  return run(op, device, bytesOf(flat), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
@@ -441,13 +503,7 @@ uint64_t DelayBackend::getSequenceNumberForGroup() {
 }
 
 void DelayBackend::abort() {
-  hostSleeper_.close();  // callers sleeping in a host delay or slowdown raise (the op is not issued)
-  if (issuer_) {
-    issuer_->cancelAll(std::make_exception_ptr(c10::DistBackendError(
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        "delaycomm: the group was aborted while this op was held back by an injected delay; the op was not issued")));
-    issuer_->stop();  // nothing is left to issue: joins the thread
-  }
+  injector_->abort();  // host sleepers raise, held-back ops fail (none is issued)
   if (cpuInner_) {
     cpuInner_->abort();
   }
@@ -486,10 +542,7 @@ void DelayBackend::shutdown() {
   // Never wait out a delay: callers sleeping in a host delay or slowdown wake and raise (their ops are not issued);
   // the ops the issuer holds back are issued now, in order (every rank issues the same sequence), and the issuer
   // thread is joined before the inner backends shut down.
-  hostSleeper_.close();
-  if (issuer_) {
-    issuer_->stop();
-  }
+  injector_->close();
   if (cpuInner_) {
     cpuInner_->shutdown();
   }
@@ -500,18 +553,6 @@ void DelayBackend::shutdown() {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry
-
-void DelayBackend::harvestCudaTimings() {
-  std::lock_guard<std::mutex> lock(cudaTimings_->mutex);
-  auto& pending = cudaTimings_->pending;
-  // Events complete in stream order per stream; stop at the first that has not (never block).
-  while (!pending.empty() && pending.front().end.query()) {
-    auto& p = pending.front();
-    const double ms = p.start.elapsedTime(p.end);
-    stats_->op(p.op).latencyNs.record(ms * 1e6);
-    pending.pop_front();
-  }
-}
 
 void DelayBackend::resetStats() {
   harvestCudaTimings();

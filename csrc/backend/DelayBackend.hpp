@@ -15,7 +15,7 @@
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/DelayWork.hpp"
-#include "delay/IssuerThread.hpp"
+#include "delay/DelayInjector.hpp"
 #include "delay/Schedule.hpp"
 #include "stale/StalenessEngine.hpp"
 #include "stats/OpStats.hpp"
@@ -148,14 +148,14 @@ class DelayBackend : public c10d::Backend {
   StalenessEngine* staleness() { return stale_.get(); }
 
   // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
-  void harvestCudaTimings();
+  void harvestCudaTimings() { stats_->harvestCudaTimings(); }
   GroupStats& stats() { return *stats_; }
   // The delay schedule of this group; null when no delay is configured.
-  const DelaySchedule* schedule() const { return schedule_.get(); }
+  const DelaySchedule* schedule() const { return injector_->schedule(); }
   // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
   int64_t delayNsFor(OpKind op, uint64_t seq) const;
   // CPU ops queued in (or being issued by) the issuer thread.
-  size_t pendingDelayedOps() const { return issuer_ ? issuer_->pending() : 0; }
+  size_t pendingDelayedOps() const { return injector_->pending(); }
   void resetStats();
   const BackendOptions& options() const { return options_; }
   c10::intrusive_ptr<c10d::Backend> innerBackend(c10::DeviceType type) const;
@@ -201,26 +201,18 @@ class DelayBackend : public c10d::Backend {
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueRef issue,
                                          bool countErrors);
-  // Slowdown K: sleeps (K - 1) x the time since the previous op returned, on hostSleeper_, until `deadline` at
-  // most (then raises the timeout error).
-  void applySlowdown(OpKind op, uint64_t seq, Clock::time_point deadline);
-  // Raises "the group was shut down while this call was held back by <what>" when a host sleep woke kClosed.
-  void throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const;
-
+  // Numbers and counts one op (its group sequence number, calls, bytes); returns the sequence number.
+  uint64_t admit(OpKind op, int64_t bytes);
 
   const c10::intrusive_ptr<c10d::Backend> cpuInner_;
   const c10::intrusive_ptr<c10d::Backend> cudaInner_;
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
-  // Nothing configured acts on this rank's ops (no delay targets it, no slowdown): CPU ops take runDirect().
+  std::unique_ptr<DelayInjector> injector_;  // before stale_, which reads its schedule
+  // Nothing configured acts on this rank's ops (!injector_->engaged()): CPU ops take runDirect().
   bool fastPath_ = true;
-  std::unique_ptr<DelaySchedule> schedule_;
   std::unique_ptr<StalenessEngine> stale_;
-  std::array<bool, kNumOpKinds> delayOp_{};
-  std::unique_ptr<IssuerThread> issuer_;  // CPU network delay only
-  HostSleeper hostSleeper_;               // host delay and slowdown; closed by shutdown() and abort()
-  std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
   std::mutex hookMutex_;
   std::function<void()> shutdownHook_;
 
@@ -228,19 +220,6 @@ class DelayBackend : public c10d::Backend {
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;
   std::vector<c10d::Backend*> coalescingInners_;
-
-  struct CudaPair {
-    OpKind op;
-    c10::Event start;
-    c10::Event end;
-  };
-  // GPU event pairs waiting to be harvested. Shared with the works' harvest callbacks (DelayWorkCuda), which hold
-  // it weakly: a work waited for after its group was destroyed must not reach into a freed backend.
-  struct CudaTimings {
-    std::mutex mutex;
-    std::deque<CudaPair> pending;
-  };
-  const std::shared_ptr<CudaTimings> cudaTimings_ = std::make_shared<CudaTimings>();
 };
 
 }  // namespace delaycomm

@@ -289,16 +289,14 @@ bool DirectWorkCpu::wait(std::chrono::milliseconds timeout) {
 // DelayWorkCuda
 
 DelayWorkCuda::DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq,
-                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device,
-                             Harvest harvest)
+                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device)
     : c10d::Work(-1, opTypeOf(op)),
       inner_(std::move(inner)),
       op_(op),
       seq_(seq),
       stats_(std::move(stats)),
       start_(std::move(start)),
-      device_(device),
-      harvest_(std::move(harvest)) {}
+      device_(device) {}
 
 DelayWorkCuda::~DelayWorkCuda() {
   if (!timed_) {
@@ -316,7 +314,7 @@ void DelayWorkCuda::recordEnd() {
   c10::Event end(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   end.record(impl.getStream(device_));
-  harvest_(op_, std::move(*start_), std::move(end));
+  stats_->cudaTimings().push(op_, std::move(*start_), std::move(end));
   start_.reset();
 }
 

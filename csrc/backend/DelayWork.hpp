@@ -134,14 +134,13 @@ class DirectWorkCpu : public c10d::Work {
 // The Work for a CUDA op: the inner (NCCL) work is issued at once, stream-ordered; this wrapper only adds
 // timing. A start event is recorded on the current stream before the op was issued; the end event is recorded
 // on the current stream when the caller synchronises with the op (wait()/synchronize()), i.e. right after the
-// current stream was made to wait for the collective. Both are harvested lazily by the backend's CudaTimer, so
-// the hot path never blocks the host.
+// current stream was made to wait for the collective. The pair goes to the group's stats (CudaTimings, shared
+// with this work, so waiting after destroy_process_group is safe), which harvest it lazily: the hot path never
+// blocks the host.
 class DelayWorkCuda : public c10d::Work {
  public:
-  using Harvest = std::function<void(OpKind, c10::Event, c10::Event)>;
-
   DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats,
-                std::optional<c10::Event> start, c10::Device device, Harvest harvest);
+                std::optional<c10::Event> start, c10::Device device);
   ~DelayWorkCuda() override;
 
   bool isCompleted() override { return inner_->isCompleted(); }
@@ -164,7 +163,6 @@ class DelayWorkCuda : public c10d::Work {
   const std::shared_ptr<GroupStats> stats_;
   std::optional<c10::Event> start_;
   const c10::Device device_;
-  Harvest harvest_;
   std::mutex mutex_;
   bool timed_ = false;
 };
