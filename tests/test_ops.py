@@ -13,7 +13,8 @@ from tests.harness import run_threads
 
 
 def test_the_table_lists_every_kind_once_in_order():
-    assert [o.kind for o in _ops.OPS] == list(range(len(_ops.OPS)))
+    assert [int(o.kind) for o in _ops.OPS] == list(range(len(_ops.OPS)))
+    assert [o.kind.name for o in _ops.OPS] == [o.name for o in _ops.OPS]
     assert len(_ops.BY_NAME) == len(_ops.OPS)
     assert "coalesced" in _ops.BY_NAME and "coalesced" not in _ops.DELAYABLE_OPS
 

@@ -114,31 +114,22 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
   delay.delay = options_.delay;
   delay.fraction = options_.delayFraction;
   delay.ranks = options_.delayRanks;
-  for (const auto& name : options_.delayOps) {
-    OpKind kind;
-    TORCH_CHECK_VALUE(opFromName(name, &kind), "delaycomm: DelayBackend: delay_ops: unknown op '", name, "'");
-    delay.ops.push_back(kind);
-  }
-  delay.onHost = options_.delayOnHost;
+  delay.ops = options_.delayOps;
+  delay.where = options_.delayWhere;
   delay.seed = options_.seed;
   delay.slowdown = options_.slowdown;
   delay.timeout = options_.timeout;
   delay.groupName = options_.groupName;
   injector_ = std::make_unique<DelayInjector>(rank, std::move(delay), static_cast<bool>(cpuInner_), stats_);
   fastPath_ = !injector_->engaged();
-  if (options_.staleness != "bsp") {
-    TORCH_CHECK_VALUE(options_.staleness == "ssp" || options_.staleness == "asp",
-                      "delaycomm: DelayBackend: staleness must be bsp, ssp or asp, got ", options_.staleness);
-    TORCH_CHECK_VALUE(options_.store, "delaycomm: DelayBackend: staleness needs the group's store");
+  if (options_.staleness != StalenessMode::kBsp) {
+    TORCH_INTERNAL_ASSERT(options_.store, "delaycomm: DelayBackend: staleness needs the group's store");
+    TORCH_INTERNAL_ASSERT(options_.staleness == StalenessMode::kAsp || options_.staleBound >= 1,
+                          "delaycomm: DelayBackend: ssp needs a bound >= 1, got ", options_.staleBound);
     StalenessEngine::Options so;
-    so.mode = options_.staleness == "asp" ? StalenessEngine::Mode::kAsp : StalenessEngine::Mode::kSsp;
+    so.mode = options_.staleness == StalenessMode::kAsp ? StalenessEngine::Mode::kAsp : StalenessEngine::Mode::kSsp;
     so.bound = options_.staleBound;
-    TORCH_CHECK_VALUE(options_.stalePolicy == "ema" || options_.stalePolicy == "apply" ||
-                          options_.stalePolicy == "drop",
-                      "delaycomm: DelayBackend: stale_policy must be ema, apply or drop, got ", options_.stalePolicy);
-    so.policy = options_.stalePolicy == "apply"  ? StalenessEngine::Policy::kApply
-                : options_.stalePolicy == "drop" ? StalenessEngine::Policy::kDrop
-                                                 : StalenessEngine::Policy::kEma;
+    so.policy = options_.stalePolicy;
     so.alpha = options_.emaAlpha;
     so.stepMs = options_.stepMs;
     so.maxPending = options_.maxPending;

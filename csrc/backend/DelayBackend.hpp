@@ -22,53 +22,56 @@
 
 namespace delaycomm {
 
-// Construction-time settings of a DelayBackend that C++ needs. The Python side validates the user's options
-// (delaycomm.DelayConfig) and fills this.
+// The consistency model of a group (docs/staleness.md): bsp leaves the staleness engine off.
+enum class StalenessMode { kBsp, kSsp, kAsp };
+
+// Construction-time settings of a DelayBackend. Typed and already validated: Python's delaycomm._config checks the
+// user's values once (its messages name the option, where the value came from and what is accepted) and
+// delaycomm._backend fills this; C++ only asserts what it relies on.
 struct BackendOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string groupName;
   bool timeCuda = true;  // record CUDA events around GPU collectives (no host sync; harvested lazily)
 
-  // Delay injection (SPEC §3-4). `delay` is a spec (delay/DelaySpec.hpp); "none" disables it.
+  // Delay injection (README "Delay"; delay/DelayInjector.hpp). `delay` is a spec (delay/DelaySpec.hpp); "none"
+  // disables it.
   std::string delay = "none";
-  double delayFraction = 0.0;          // per-call Bernoulli probability
+  double delayFraction = 0.0;          // per-call Bernoulli probability, in [0, 1]
   std::vector<int64_t> delayRanks;     // delayed ranks; empty = all
-  std::vector<std::string> delayOps;   // delayed ops by OpStats name; empty = all
-  bool delayOnHost = false;            // delay_where=host: the caller blocks; else network (the op is held back)
+  std::vector<OpKind> delayOps;        // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
+  DelayWhere delayWhere = DelayWhere::kNetwork;  // host: the caller blocks; network: the op is held back
   uint64_t seed = 0;
   double slowdown = 1.0;               // this rank's compute slowdown factor K (>= 1; 1 = none)
 
-  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp). staleness: "bsp" (engine off), "ssp", "asp".
-  std::string staleness = "bsp";
-  int64_t staleBound = 0;
-  std::string stalePolicy = "ema";
-  double emaAlpha = 0.1;
+  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp).
+  StalenessMode staleness = StalenessMode::kBsp;
+  int64_t staleBound = 0;              // S of ssp:S (>= 1 under ssp)
+  StalenessEngine::Policy stalePolicy = StalenessEngine::Policy::kEma;
+  double emaAlpha = 0.1;               // in (0, 1]
   double stepMs = 0.0;  // <= 0: calibrated
   int64_t maxPending = 64;
-  c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration)
+  c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration); required unless bsp
   // The engine's SSP gate wait and step agreement are bounded by `timeout` above (docs/staleness.md).
 };
 
 // DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
-// Python (ProcessGroupGloo for CPU tensors, ProcessGroupNCCL for CUDA tensors) and measures each op.
+// Python (ProcessGroupGloo for CPU tensors, ProcessGroupNCCL for CUDA tensors) and measures each op. A thin
+// front (docs/core.md): each override checks its arguments and forwards through one helper, run(); delays are
+// the DelayInjector's (delay/DelayInjector.hpp), staleness the StalenessEngine's (stale/StalenessEngine.hpp),
+// telemetry the GroupStats' (stats/OpStats.hpp), every op named by the one op table (ops/OpTable.hpp).
 //
 // Contracts (as c10d's):
 //  - Ordering: collectives must be called in the same order on every rank of the group; a DelayBackend issues
 //    them to its inner backends in call order, so the inner groups see the same sequence on every rank.
 //  - Threads: ops may be called from several threads; sequence numbers are assigned atomically at the call.
 //  - Streams (CUDA): ops are issued at once on the inner NCCL backend's streams; nothing blocks the host.
-//  - Ownership: the works the inner backends return keep their tensors alive; DelayWork keeps the inner work.
+//  - Ownership: the works the inner backends return keep their tensors alive; delaycomm's works keep the inner
+//    work and share the group's stats (never the backend), so a work may outlive its group.
 //  - Unsupported ops fail with "Backend delaycomm does not support <op> ...".
-//  - Delay (when configured): op `seq` of kind k on rank r is delayed by schedule().delayNs(r, k, seq).
-//    network + CPU: the op goes through the group's IssuerThread, which issues every CPU op in call order, each no
-//    earlier than call time + delay; the caller gets its Work at once. network + GPU: a stream-ordered sleep
-//    kernel before the collective (delay/GpuDelay.hpp); the host never blocks. host: the calling thread sleeps
-//    before issuing. Slowdown K: before each op the caller sleeps (K - 1) x the time since its previous op
-//    returned.
-//  - Timeouts: every wait that delaycomm adds is bounded by the group's timeout (options.timeout) and ends in the
-//    timeout error of delay/DelayTimeout.hpp: the host delay and the slowdown on the calling thread (the call
-//    raises), an op held back by the issuer thread (its work and future fail), the GPU sleep kernel (capped, see
-//    delay/GpuDelay.hpp).
+//  - Cost: with nothing configured that acts on this rank (no delay targets it, no slowdown), a CPU op is issued
+//    in place and returned in a DirectWorkCpu (the fast path: docs/percall.md has its measured cost).
+//  - Delay (when configured): see DelayInjector. Timeouts: every wait that delaycomm adds is bounded by the
+//    group's timeout (options.timeout) and ends in the timeout error of delay/DelayTimeout.hpp.
 //  - Lifecycle: shutdown() (destroy_process_group) wakes every caller sleeping in a host delay or slowdown (their
 //    calls raise: the op was not issued), issues every held-back op at once (in order) and joins the issuer
 //    thread, all before the inner backends shut down; it never waits out a delay. abort() fails the held-back ops

@@ -50,7 +50,7 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
       TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
       delayOp_[static_cast<int>(kind)] = true;
     }
-    if (issuesCpuOps && !options_.onHost && schedule_->targets(rank)) {
+    if (issuesCpuOps && options_.where == DelayWhere::kNetwork && schedule_->targets(rank)) {
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
     }
   }
@@ -144,7 +144,7 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     auto& s = stats_->op(op.kind);
     s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
     s.delayNs.record(static_cast<double>(delayNs));
-    if (options_.onHost) {
+    if (options_.where == DelayWhere::kHost) {
       const auto woke =
           hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), delayNs), callDeadline);
       const auto what = c10::str("an injected delay of ", msOf(delayNs), " ms (delay_where=host)");
@@ -156,7 +156,7 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
       }
     }
   }
-  const int64_t networkDelayNs = options_.onHost ? 0 : delayNs;
+  const int64_t networkDelayNs = options_.where == DelayWhere::kHost ? 0 : delayNs;
   const auto calledAt = InjectorClock::now();
 
   if (op.afterWaits) {

@@ -35,6 +35,9 @@ namespace delaycomm {
 // delay/DelayTimeout.hpp) or when the group closes (raises: the op was not issued).
 //
 // Threads: run() from any thread (c10d's callers); close() and abort() from any thread, the issuer's included.
+// delay_where: where a delay is paid (README "Delay").
+enum class DelayWhere { kNetwork, kHost };
+
 class DelayInjector {
  public:
   // Validated by the caller (Python's delaycomm._config, then BackendOptions).
@@ -43,7 +46,7 @@ class DelayInjector {
     double fraction = 0.0;            // per-call Bernoulli probability
     std::vector<int64_t> ranks;       // delayed ranks; empty = all
     std::vector<OpKind> ops;          // delayed ops; empty = every delayable op
-    bool onHost = false;              // delay_where=host
+    DelayWhere where = DelayWhere::kNetwork;
     uint64_t seed = 0;
     double slowdown = 1.0;            // this rank's compute slowdown K (>= 1)
     std::chrono::milliseconds timeout{std::chrono::minutes(30)};
