@@ -26,6 +26,7 @@
 #endif
 #include "kernels/Blend.hpp"
 #include "stats/Histogram.hpp"
+#include "ops/OpTable.hpp"
 #include "stats/OpStats.hpp"
 
 namespace py = pybind11;
@@ -81,21 +82,51 @@ bool pythonUsable() {
 #endif
 }
 
-// A Python callable kept by C++ (a hook), shared by the copies of the std::function that calls it. It is released
-// with the GIL held by whichever thread drops it last, or leaked when that happens during interpreter exit (see
-// pythonUsable(); the interpreter frees it anyway).
-std::shared_ptr<py::function> holdPyFunction(py::function fn) {
-  return std::shared_ptr<py::function>(new py::function(std::move(fn)), [](py::function* f) {
+// A Python callable kept by C++ (a hook) and called from any thread at any time: copies share it; it is called
+// and released with the GIL held, by whichever thread does so, or leaked when that happens during interpreter
+// exit (see pythonUsable(); the interpreter frees it anyway).
+class PyCallback {
+ public:
+  explicit PyCallback(py::function fn)
+      : fn_(new py::function(std::move(fn)), [](py::function* f) {
+          if (!pythonUsable()) {
+            return;
+          }
+          py::gil_scoped_acquire gil;
+          delete f;
+        }) {}
+
+  // Calls it with the GIL held; returns false, calling nothing, once Python is no longer usable. A Python error
+  // propagates as py::error_already_set when `raise`, else is reported as unraisable, naming `where`.
+  template <typename... Args>
+  bool call(const char* where, bool raise, Args&&... args) const {
     if (!pythonUsable()) {
-      return;
+      return false;
     }
     py::gil_scoped_acquire gil;
-    delete f;
-  });
-}
+    try {
+      (*fn_)(std::forward<Args>(args)...);
+    } catch (py::error_already_set& err) {
+      if (raise) {
+        throw;
+      }
+      err.discard_as_unraisable(where);
+    }
+    return true;
+  }
 
-const double kPercentiles[] = {0.5, 0.9, 0.99, 0.999};
-const char* kPercentileNames[] = {"p50", "p90", "p99", "p999"};
+ private:
+  std::shared_ptr<py::function> fn_;
+};
+
+// The quantiles every summary reports, with their key names: histograms (telemetry) take the first
+// kHistogramQuantiles, delay distributions (describeSampler) all of them.
+struct Quantile {
+  double q;
+  const char* name;
+};
+constexpr Quantile kQuantiles[] = {{0.5, "p50"}, {0.9, "p90"}, {0.99, "p99"}, {0.999, "p999"}, {0.9999, "p9999"}};
+constexpr int kHistogramQuantiles = 4;
 
 // A histogram summary: count, mean, min, p50, p90, p99, p999, max, scaled by `scale` and suffixed by `unit`
 // (e.g. ns -> us: scale 1e-3, unit "_us").
@@ -105,18 +136,20 @@ py::dict summarize(const LogHistogram& h, double scale, const char* unit) {
   d["count"] = s.count;
   d[py::str(std::string("mean") + unit)] = s.mean() * scale;
   d[py::str(std::string("min") + unit)] = s.min * scale;
-  for (int i = 0; i < 4; ++i) {
-    d[py::str(std::string(kPercentileNames[i]) + unit)] = s.quantile(kPercentiles[i]) * scale;
+  for (int i = 0; i < kHistogramQuantiles; ++i) {
+    d[py::str(std::string(kQuantiles[i].name) + unit)] = s.quantile(kQuantiles[i].q) * scale;
   }
   d[py::str(std::string("max") + unit)] = s.max * scale;
   return d;
 }
 
-py::dict groupStatsToDict(GroupStats& g) {
+// The one place where a group's telemetry becomes the dict of delaycomm.stats() (README "Telemetry"):
+// per-op counters and summaries, the staleness counters with the engine's own keys (docs/staleness.md; zeros
+// and "off" when the engine is off), the slowdown.
+py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
   py::dict ops;
-  for (int i = 0; i < kNumOpKinds; ++i) {
-    const auto kind = static_cast<OpKind>(i);
-    const auto& s = g.op(kind);
+  for (const auto& row : opTable()) {
+    const auto& s = g.op(row.kind);
     const uint64_t calls = s.calls.load();
     if (calls == 0) {
       continue;
@@ -129,7 +162,7 @@ py::dict groupStatsToDict(GroupStats& g) {
     d["untimed"] = s.untimed.load();
     d["latency"] = summarize(s.latencyNs, 1e-3, "_us");
     d["delay"] = summarize(s.delayNs, 1e-3, "_us");
-    ops[opName(kind)] = d;
+    ops[row.name] = d;
   }
   const auto& st = g.staleness();
   py::dict stale;
@@ -142,19 +175,6 @@ py::dict groupStatsToDict(GroupStats& g) {
   stale["blocked_ms"] = static_cast<double>(st.blockedNs.load()) * 1e-6;
   stale["stale_fresh_ratio"] = fresh ? static_cast<double>(nstale) / static_cast<double>(fresh) : 0.0;
   stale["staleness"] = summarize(st.stalenessSteps, 1.0, "");
-  py::dict host;
-  host["calls"] = g.host().slowdownCalls.load();
-  host["blocked"] = summarize(g.host().slowdownNs, 1e-6, "_ms");
-  py::dict out;
-  out["ops"] = ops;
-  out["staleness"] = stale;
-  out["slowdown"] = host;
-  return out;
-}
-
-// The staleness engine's own keys of stats()["staleness"] (docs/staleness.md): where the step time came from,
-// the key table, this rank's pending contributions, the windowed ratio. Zeros/empty when the engine is off.
-void addEngineStats(py::dict& stale, const StalenessEngine* e) {
   stale["stale_fresh_ratio_windowed"] = e ? e->windowedRatio() : 0.0;
   stale["pending_here"] = e ? e->pendingHere() : 0;
   stale["keys"] = e ? e->keyCount() : 0;
@@ -168,6 +188,14 @@ void addEngineStats(py::dict& stale, const StalenessEngine* e) {
   stale["step_key"] = src.key;
   stale["step_intervals"] = src.intervals;
   stale["step_call"] = src.atCall;
+  py::dict host;
+  host["calls"] = g.host().slowdownCalls.load();
+  host["blocked"] = summarize(g.host().slowdownNs, 1e-6, "_ms");
+  py::dict out;
+  out["ops"] = ops;
+  out["staleness"] = stale;
+  out["slowdown"] = host;
+  return out;
 }
 
 // ===============================================================================================================
@@ -205,10 +233,8 @@ py::dict describeSampler(const DelaySampler& s) {
   }
   if (!spec.isNone()) {
     py::dict q;
-    const double qs[] = {0.5, 0.9, 0.99, 0.999, 0.9999};
-    const char* names[] = {"p50_s", "p90_s", "p99_s", "p999_s", "p9999_s"};
-    for (int i = 0; i < 5; ++i) {
-      q[names[i]] = s.quantile(qs[i]);
+    for (const auto& [quantile, name] : kQuantiles) {
+      q[py::str(std::string(name) + "_s")] = s.quantile(quantile);
     }
     d["percentiles"] = q;
   }
@@ -417,7 +443,52 @@ PYBIND11_MODULE(_C, m) {
 #endif
   );
 
-  py::class_<BackendOptions>(m, "BackendOptions")
+  // ---- the op table (csrc/ops/OpTable.hpp): the one list of ops, read by delaycomm._ops --------------------------
+  {
+    py::enum_<OpKind> kinds(m, "OpKind", "The ops of the native op table, named as in telemetry.");
+    for (const auto& row : opTable()) {
+      kinds.value(row.name, row.kind);
+    }
+  }
+  py::class_<OpInfo>(m, "OpInfo", "One row of the native op table (csrc/ops/OpTable.hpp).")
+      .def_property_readonly("kind", [](const OpInfo& o) { return o.kind; })
+      .def_property_readonly("name", [](const OpInfo& o) { return std::string(o.name); })
+      .def_property_readonly("reduces", [](const OpInfo& o) { return o.reduces; })
+      .def_property_readonly("delayable", [](const OpInfo& o) { return o.delayable; })
+      .def_property_readonly("aliases",
+                             [](const OpInfo& o) {
+                               std::vector<std::string> names;
+                               for (const char* a : o.aliases) {
+                                 if (a) names.emplace_back(a);
+                               }
+                               return py::tuple(py::cast(names));
+                             })
+      .def("__repr__", [](const OpInfo& o) { return std::string("<delaycomm op ") + o.name + ">"; });
+  m.def(
+      "op_table",
+      [] {
+        py::tuple rows(kNumOpKinds);
+        for (int i = 0; i < kNumOpKinds; ++i) {
+          rows[i] = py::cast(&opTable()[i], py::return_value_policy::reference);
+        }
+        return rows;
+      },
+      "Every op the backend forwards, in OpKind order (names, aliases, which reduce, which delay_ops may name).");
+
+  // ---- typed options (validated by delaycomm._config; filled by delaycomm._backend) -------------------------------
+  py::enum_<StalenessMode>(m, "Staleness", "staleness= without its bound: bsp, ssp or asp.")
+      .value("BSP", StalenessMode::kBsp)
+      .value("SSP", StalenessMode::kSsp)
+      .value("ASP", StalenessMode::kAsp);
+  py::enum_<StalenessEngine::Policy>(m, "StalePolicy", "stale_policy=: what a late contribution does.")
+      .value("EMA", StalenessEngine::Policy::kEma)
+      .value("APPLY", StalenessEngine::Policy::kApply)
+      .value("DROP", StalenessEngine::Policy::kDrop);
+  py::enum_<DelayWhere>(m, "DelayWhere", "delay_where=: where a delay is paid.")
+      .value("NETWORK", DelayWhere::kNetwork)
+      .value("HOST", DelayWhere::kHost);
+
+  py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())
       .def_readwrite("timeout", &BackendOptions::timeout)
       .def_readwrite("group_name", &BackendOptions::groupName)
@@ -426,7 +497,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("delay_fraction", &BackendOptions::delayFraction)
       .def_readwrite("delay_ranks", &BackendOptions::delayRanks)
       .def_readwrite("delay_ops", &BackendOptions::delayOps)
-      .def_readwrite("delay_on_host", &BackendOptions::delayOnHost)
+      .def_readwrite("delay_where", &BackendOptions::delayWhere)
       .def_readwrite("seed", &BackendOptions::seed)
       .def_readwrite("slowdown", &BackendOptions::slowdown)
       .def_readwrite("staleness", &BackendOptions::staleness)
@@ -452,10 +523,7 @@ PYBIND11_MODULE(_C, m) {
               py::gil_scoped_release release;
               self.harvestCudaTimings();
             }
-            auto d = groupStatsToDict(self.stats());
-            py::dict stale = d["staleness"];
-            addEngineStats(stale, self.staleness());
-            return d;
+            return statsDict(self.stats(), self.staleness());
           },
           "Telemetry of this group as a dict (see delaycomm.stats).")
       .def("reset_stats", &DelayBackend::resetStats, py::call_guard<py::gil_scoped_release>())
@@ -481,37 +549,23 @@ PYBIND11_MODULE(_C, m) {
       .def(
           "_set_warning_hook",
           [](DelayBackend& self, py::function fn) {
-            auto* e = self.staleness();
-            if (!e) {
-              return;
+            if (auto* e = self.staleness()) {
+              e->onWarn = [cb = PyCallback(std::move(fn))](const std::string& msg) {
+                if (!cb.call("delaycomm warning hook", false, msg)) {
+                  LOG(WARNING) << msg;  // interpreter exit: no Python to warn through
+                }
+              };
             }
-            auto holder = holdPyFunction(std::move(fn));
-            e->onWarn = [holder](const std::string& msg) {
-              if (!pythonUsable()) {
-                LOG(WARNING) << msg;  // interpreter exit: no Python to warn through
-                return;
-              }
-              py::gil_scoped_acquire gil;
-              try {
-                (*holder)(msg);
-              } catch (py::error_already_set& err) {
-                err.discard_as_unraisable("delaycomm warning hook");
-              }
-            };
           },
           py::arg("fn"))
       .def(
           "_set_shutdown_hook",
           [](DelayBackend& self, py::function fn) {
-            auto holder = holdPyFunction(std::move(fn));
-            self.setShutdownHook([holder] {
-              if (!pythonUsable()) {
+            self.setShutdownHook([cb = PyCallback(std::move(fn))] {
+              if (!cb.call("delaycomm shutdown hook", true)) {
                 LOG(WARNING) << "delaycomm: a group shut down at interpreter exit: its shutdown hook (the stats "
                                 "file) did not run; call destroy_process_group() before exit";
-                return;
               }
-              py::gil_scoped_acquire gil;
-              (*holder)();
             });
           },
           py::arg("fn"))

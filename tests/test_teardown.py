@@ -38,3 +38,26 @@ def churn(rank: int, world_size: int, init_method: str, rounds: int = 12, ops: i
 @pytest.mark.timeout(60)
 def test_destroying_groups_with_gloo_works_finishing_does_not_deadlock():
     assert spawn(churn, 2, timeout=50) == [12, 12]
+
+
+def wait_after_destroy(rank: int, world_size: int, init_method: str) -> tuple[list[float], list[float], bool]:
+    """Keeps a work and its future past destroy_process_group and the backend's destruction, then uses them."""
+    import gc
+
+    dist.init_process_group("delaycomm", init_method=init_method, rank=rank, world_size=world_size,
+                            timeout=timedelta(seconds=20))
+    t = torch.full((4,), float(rank + 1))
+    work = dist.all_reduce(t, async_op=True)
+    future = work.get_future()
+    work.wait()
+    dist.destroy_process_group()
+    gc.collect()  # nothing but the work and the future holds the group's parts now
+    ok = work.wait() and work.is_completed() and work.is_success() and work.exception() is None
+    return future.wait()[0].tolist(), t.tolist(), ok
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(60)
+def test_a_work_and_its_future_outlive_their_group():
+    for value, t, ok in spawn(wait_after_destroy, 2, timeout=50):
+        assert value == t == [3.0] * 4 and ok

@@ -1,70 +1,14 @@
 #include "backend/DelayBackend.hpp"
 
+#include "backend/Arguments.hpp"
+
 #include <algorithm>
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
-#include "delay/DelaySpec.hpp"
-
 namespace delaycomm {
-
-namespace {
-
-int64_t bytesOf(const at::Tensor& t) {
-  if (t.is_sparse()) {
-    return t._values().numel() * t.element_size();
-  }
-  return t.numel() * t.element_size();
-}
-
-int64_t bytesOf(const std::vector<at::Tensor>& ts) {
-  int64_t n = 0;
-  for (const auto& t : ts) {
-    n += bytesOf(t);
-  }
-  return n;
-}
-
-// Checks that `tensors` are usable by an inner backend and returns their device. Messages follow c10d:
-// "delaycomm: <op>: <argument> <what was expected>, got <what came>".
-c10::Device checkTensors(OpKind op, const char* arg, const std::vector<at::Tensor>& tensors,
-                         bool allowSparse = false) {
-  TORCH_CHECK_VALUE(!tensors.empty(), "delaycomm: ", opName(op), ": ", arg, " must hold at least one tensor");
-  const c10::Device device = tensors[0].device();
-  for (size_t i = 0; i < tensors.size(); ++i) {
-    const auto& t = tensors[i];
-    TORCH_CHECK_VALUE(t.defined(), "delaycomm: ", opName(op), ": ", arg, "[", i, "] is an undefined tensor");
-    TORCH_CHECK_VALUE(t.device().type() == device.type(), "delaycomm: ", opName(op), ": ", arg,
-                      " must all be on one device type, got ", device, " and ", t.device(), " (", arg, "[", i,
-                      "])");
-    if (t.is_sparse()) {
-      TORCH_CHECK_VALUE(allowSparse, "delaycomm: ", opName(op), ": ", arg, "[", i,
-                        "] is sparse; only all_reduce of CPU tensors accepts sparse tensors");
-    } else {
-      TORCH_CHECK_VALUE(t.layout() == c10::kStrided, "delaycomm: ", opName(op), ": ", arg, "[", i,
-                        "] must be a strided (dense) tensor, got layout ", t.layout());
-      TORCH_CHECK_VALUE(t.is_contiguous(t.suggest_memory_format()), "delaycomm: ", opName(op), ": ", arg, "[", i,
-                        "] must be contiguous, got sizes ", t.sizes(), " and strides ", t.strides());
-    }
-  }
-  return device;
-}
-
-c10::Device checkTensor(OpKind op, const char* arg, const at::Tensor& t) {
-  return checkTensors(op, arg, std::vector<at::Tensor>{t});
-}
-
-std::vector<at::Tensor> flatten(const std::vector<std::vector<at::Tensor>>& lists) {
-  std::vector<at::Tensor> out;
-  for (const auto& l : lists) {
-    out.insert(out.end(), l.begin(), l.end());
-  }
-  return out;
-}
-
-}  // namespace
 
 DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                            c10::intrusive_ptr<c10d::Backend> cudaInner, BackendOptions options)
@@ -74,64 +18,39 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
       options_(std::move(options)),
       stats_(std::make_shared<GroupStats>()) {
   TORCH_CHECK_VALUE(cpuInner_ || cudaInner_, "delaycomm: DelayBackend needs at least one inner backend");
-  TORCH_CHECK_VALUE(options_.slowdown >= 1.0, "delaycomm: DelayBackend: slowdown must be >= 1, got ",
-                    options_.slowdown);
-  DelaySpec spec;
-  try {
-    spec = parseDelaySpec(options_.delay);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());
-  }
-  if (!spec.isNone() && options_.delayFraction > 0.0) {
-    try {
-      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.delayFraction, options_.seed,
-                                                  options_.delayRanks);
-    } catch (const std::invalid_argument& e) {
-      TORCH_CHECK_VALUE(false, e.what());
-    }
-    if (options_.delayOps.empty()) {
-      delayOp_.fill(true);
-      delayOp_[static_cast<int>(OpKind::kCoalesced)] = false;
-    }
-    for (const auto& name : options_.delayOps) {
-      OpKind kind;
-      TORCH_CHECK_VALUE(opFromName(name, &kind), "delaycomm: DelayBackend: delay_ops: unknown op '", name, "'");
-      delayOp_[static_cast<int>(kind)] = true;
-    }
-    if (cpuInner_ && !options_.delayOnHost && schedule_->targets(rank)) {
-      issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
-    }
-  }
-  if (options_.staleness != "bsp") {
-    TORCH_CHECK_VALUE(options_.staleness == "ssp" || options_.staleness == "asp",
-                      "delaycomm: DelayBackend: staleness must be bsp, ssp or asp, got ", options_.staleness);
-    TORCH_CHECK_VALUE(options_.store, "delaycomm: DelayBackend: staleness needs the group's store");
+  DelayInjector::Options delay;
+  delay.delay = options_.delay;
+  delay.fraction = options_.delayFraction;
+  delay.ranks = options_.delayRanks;
+  delay.ops = options_.delayOps;
+  delay.where = options_.delayWhere;
+  delay.seed = options_.seed;
+  delay.slowdown = options_.slowdown;
+  delay.timeout = options_.timeout;
+  delay.groupName = options_.groupName;
+  injector_ = std::make_unique<DelayInjector>(rank, std::move(delay), static_cast<bool>(cpuInner_), stats_);
+  fastPath_ = !injector_->engaged();
+  if (options_.staleness != StalenessMode::kBsp) {
+    TORCH_INTERNAL_ASSERT(options_.store, "delaycomm: DelayBackend: staleness needs the group's store");
+    TORCH_INTERNAL_ASSERT(options_.staleness == StalenessMode::kAsp || options_.staleBound >= 1,
+                          "delaycomm: DelayBackend: ssp needs a bound >= 1, got ", options_.staleBound);
     StalenessEngine::Options so;
-    so.mode = options_.staleness == "asp" ? StalenessEngine::Mode::kAsp : StalenessEngine::Mode::kSsp;
+    so.mode = options_.staleness == StalenessMode::kAsp ? StalenessEngine::Mode::kAsp : StalenessEngine::Mode::kSsp;
     so.bound = options_.staleBound;
-    TORCH_CHECK_VALUE(options_.stalePolicy == "ema" || options_.stalePolicy == "apply" ||
-                          options_.stalePolicy == "drop",
-                      "delaycomm: DelayBackend: stale_policy must be ema, apply or drop, got ", options_.stalePolicy);
-    so.policy = options_.stalePolicy == "apply"  ? StalenessEngine::Policy::kApply
-                : options_.stalePolicy == "drop" ? StalenessEngine::Policy::kDrop
-                                                 : StalenessEngine::Policy::kEma;
+    so.policy = options_.stalePolicy;
     so.alpha = options_.emaAlpha;
     so.stepMs = options_.stepMs;
     so.maxPending = options_.maxPending;
     so.timeout = options_.timeout;  // bounds the SSP gate and the step_ms=auto agreement (docs/staleness.md)
     so.groupName = options_.groupName;
-    stale_ = std::make_unique<StalenessEngine>(rank, size, so, schedule_.get(), options_.store, stats_);
+    stale_ = std::make_unique<StalenessEngine>(rank, size, so, injector_->schedule(), options_.store, stats_);
   }
 }
 
 DelayBackend::~DelayBackend() {
   // shutdown() did this already unless the group was never destroyed (interpreter exit): wake the host sleepers,
-  // issue what is held back and join the issuer thread (IssuerThread::stop() is safe from any thread, itself
-  // included), so that no thread of this group outlives it.
-  hostSleeper_.close();
-  if (issuer_) {
-    issuer_->stop();
-  }
+  // issue what is held back and join the issuer thread, so that no thread of this group outlives it.
+  injector_->close();
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DelayBackend::getBackendOptions() {
@@ -184,7 +103,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
 // dense floating tensor outside a coalescing window (docs/staleness.md).
 bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
                                  const c10d::ReduceOp& reduceOp) const {
-  if (!stale_ || !schedule_ || !schedule_->active() || !delayOp_[static_cast<int>(op)]) {
+  const DelaySchedule* schedule = injector_->schedule();
+  if (!stale_ || !schedule || !schedule->active() || !injector_->delays(op)) {
     return false;
   }
   if (tensors.size() != 1 || coalescing_) {
@@ -284,8 +204,22 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output,
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) {
-  const auto device = checkTensors(OpKind::kAllgatherCoalesced, "inputTensors", inputs);
-  return run(OpKind::kAllgatherCoalesced, device, bytesOf(inputs), flatten(outputs),
+  const OpKind op = OpKind::kAllgatherCoalesced;
+  const auto device = checkTensors(op, "inputTensors", inputs);
+  // One output list per rank, each holding one tensor like each input.
+  TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(getSize()), "delaycomm: ", opName(op),
+                    ": outputTensorLists must hold one list per rank (", getSize(), "), got ", outputs.size());
+  for (size_t r = 0; r < outputs.size(); ++r) {
+    TORCH_CHECK_VALUE(outputs[r].size() == inputs.size(), "delaycomm: ", opName(op), ": outputTensorLists[", r,
+                      "] must hold one tensor per input (", inputs.size(), "), got ", outputs[r].size());
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      checkMatches(op, c10::str("outputTensorLists[", r, "][", i, "]"), outputs[r][i],
+                   c10::str("inputTensors[", i, "]").c_str(), inputs[i]);
+    }
+  }
+  auto flat = flatten(outputs);
+  checkTensors(op, "outputTensorLists", flat);
+  return run(op, device, bytesOf(inputs), flat,
              [outputs, inputs, opts](c10d::Backend& b) mutable {
                return b.allgather_coalesced(outputs, inputs, opts);
              }, opts.asyncOp);
@@ -305,24 +239,52 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std
 c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
                                                     std::vector<at::Tensor>& inputs,
                                                     const c10d::GatherOptions& opts) {
-  const auto device = checkTensors(OpKind::kGather, "inputTensors", inputs);
-  return run(OpKind::kGather, device, bytesOf(inputs), flatten(outputs),
+  const OpKind op = OpKind::kGather;
+  const auto device = checkTensors(op, "inputTensors", inputs);
+  checkSingle(op, "inputTensors", inputs);
+  checkRootLists(op, "outputTensors", outputs, getRank(), getSize(), opts.rootRank, "inputTensors[0]", inputs[0]);
+  auto flat = flatten(outputs);
+  if (!flat.empty()) {
+    checkTensors(op, "outputTensors", flat);
+  }
+  return run(op, device, bytesOf(inputs), flat,
              [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& outputs,
                                                      std::vector<std::vector<at::Tensor>>& inputs,
                                                      const c10d::ScatterOptions& opts) {
-  const auto device = checkTensors(OpKind::kScatter, "outputTensors", outputs);
-  return run(OpKind::kScatter, device, bytesOf(outputs), outputs,
+  const OpKind op = OpKind::kScatter;
+  const auto device = checkTensors(op, "outputTensors", outputs);
+  checkSingle(op, "outputTensors", outputs);
+  checkRootLists(op, "inputTensors", inputs, getRank(), getSize(), opts.rootRank, "outputTensors[0]", outputs[0]);
+  const auto flat = flatten(inputs);
+  if (!flat.empty()) {
+    checkTensors(op, "inputTensors", flat);
+  }
+  return run(op, device, bytesOf(outputs), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
                                                             std::vector<std::vector<at::Tensor>>& inputs,
                                                             const c10d::ReduceScatterOptions& opts) {
-  const auto device = checkTensors(OpKind::kReduceScatter, "outputTensors", outputs);
-  return run(OpKind::kReduceScatter, device, bytesOf(flatten(inputs)), outputs,
+  const OpKind op = OpKind::kReduceScatter;
+  const auto device = checkTensors(op, "outputTensors", outputs);
+  // One input list per output, each holding one tensor per rank like its output.
+  TORCH_CHECK_VALUE(inputs.size() == outputs.size(), "delaycomm: ", opName(op),
+                    ": inputTensors must hold one list per output tensor (", outputs.size(), "), got ", inputs.size());
+  for (size_t o = 0; o < inputs.size(); ++o) {
+    TORCH_CHECK_VALUE(inputs[o].size() == static_cast<size_t>(getSize()), "delaycomm: ", opName(op), ": inputTensors[",
+                      o, "] must hold one tensor per rank (", getSize(), "), got ", inputs[o].size());
+    const auto ref = c10::str("outputTensors[", o, "]");
+    for (size_t r = 0; r < inputs[o].size(); ++r) {
+      checkMatches(op, c10::str("inputTensors[", o, "][", r, "]"), inputs[o][r], ref.c_str(), outputs[o]);
+    }
+  }
+  const auto flat = flatten(inputs);
+  checkTensors(op, "inputTensors", flat);
+  return run(op, device, bytesOf(flat), outputs,
              [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
@@ -440,13 +402,7 @@ uint64_t DelayBackend::getSequenceNumberForGroup() {
 }
 
 void DelayBackend::abort() {
-  hostSleeper_.close();  // callers sleeping in a host delay or slowdown raise (the op is not issued)
-  if (issuer_) {
-    issuer_->cancelAll(std::make_exception_ptr(c10::DistBackendError(
-        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-        "delaycomm: the group was aborted while this op was held back by an injected delay; the op was not issued")));
-    issuer_->stop();  // nothing is left to issue: joins the thread
-  }
+  injector_->abort();  // host sleepers raise, held-back ops fail (none is issued)
   if (cpuInner_) {
     cpuInner_->abort();
   }
@@ -485,10 +441,7 @@ void DelayBackend::shutdown() {
   // Never wait out a delay: callers sleeping in a host delay or slowdown wake and raise (their ops are not issued);
   // the ops the issuer holds back are issued now, in order (every rank issues the same sequence), and the issuer
   // thread is joined before the inner backends shut down.
-  hostSleeper_.close();
-  if (issuer_) {
-    issuer_->stop();
-  }
+  injector_->close();
   if (cpuInner_) {
     cpuInner_->shutdown();
   }
@@ -499,18 +452,6 @@ void DelayBackend::shutdown() {
 
 // ---------------------------------------------------------------------------------------------------------------
 // Telemetry
-
-void DelayBackend::harvestCudaTimings() {
-  std::lock_guard<std::mutex> lock(cudaTimings_->mutex);
-  auto& pending = cudaTimings_->pending;
-  // Events complete in stream order per stream; stop at the first that has not (never block).
-  while (!pending.empty() && pending.front().end.query()) {
-    auto& p = pending.front();
-    const double ms = p.start.elapsedTime(p.end);
-    stats_->op(p.op).latencyNs.record(ms * 1e6);
-    pending.pop_front();
-  }
-}
 
 void DelayBackend::resetStats() {
   harvestCudaTimings();

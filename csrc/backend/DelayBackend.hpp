@@ -11,63 +11,67 @@
 #include <vector>
 
 #include <c10/core/Event.h>
+#include <c10/util/FunctionRef.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/DelayWork.hpp"
-#include "delay/IssuerThread.hpp"
+#include "delay/DelayInjector.hpp"
 #include "delay/Schedule.hpp"
 #include "stale/StalenessEngine.hpp"
 #include "stats/OpStats.hpp"
 
 namespace delaycomm {
 
-// Construction-time settings of a DelayBackend that C++ needs. The Python side validates the user's options
-// (delaycomm.DelayConfig) and fills this.
+// The consistency model of a group (docs/staleness.md): bsp leaves the staleness engine off.
+enum class StalenessMode { kBsp, kSsp, kAsp };
+
+// Construction-time settings of a DelayBackend. Typed and already validated: Python's delaycomm._config checks the
+// user's values once (its messages name the option, where the value came from and what is accepted) and
+// delaycomm._backend fills this; C++ only asserts what it relies on.
 struct BackendOptions {
   std::chrono::milliseconds timeout{std::chrono::minutes(30)};
   std::string groupName;
   bool timeCuda = true;  // record CUDA events around GPU collectives (no host sync; harvested lazily)
 
-  // Delay injection (SPEC §3-4). `delay` is a spec (delay/DelaySpec.hpp); "none" disables it.
+  // Delay injection (README "Delay"; delay/DelayInjector.hpp). `delay` is a spec (delay/DelaySpec.hpp); "none"
+  // disables it.
   std::string delay = "none";
-  double delayFraction = 0.0;          // per-call Bernoulli probability
+  double delayFraction = 0.0;          // per-call Bernoulli probability, in [0, 1]
   std::vector<int64_t> delayRanks;     // delayed ranks; empty = all
-  std::vector<std::string> delayOps;   // delayed ops by OpStats name; empty = all
-  bool delayOnHost = false;            // delay_where=host: the caller blocks; else network (the op is held back)
+  std::vector<OpKind> delayOps;        // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
+  DelayWhere delayWhere = DelayWhere::kNetwork;  // host: the caller blocks; network: the op is held back
   uint64_t seed = 0;
   double slowdown = 1.0;               // this rank's compute slowdown factor K (>= 1; 1 = none)
 
-  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp). staleness: "bsp" (engine off), "ssp", "asp".
-  std::string staleness = "bsp";
-  int64_t staleBound = 0;
-  std::string stalePolicy = "ema";
-  double emaAlpha = 0.1;
+  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp).
+  StalenessMode staleness = StalenessMode::kBsp;
+  int64_t staleBound = 0;              // S of ssp:S (>= 1 under ssp)
+  StalenessEngine::Policy stalePolicy = StalenessEngine::Policy::kEma;
+  double emaAlpha = 0.1;               // in (0, 1]
   double stepMs = 0.0;  // <= 0: calibrated
   int64_t maxPending = 64;
-  c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration)
+  c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration); required unless bsp
   // The engine's SSP gate wait and step agreement are bounded by `timeout` above (docs/staleness.md).
 };
 
 // DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
-// Python (ProcessGroupGloo for CPU tensors, ProcessGroupNCCL for CUDA tensors) and measures each op.
+// Python (ProcessGroupGloo for CPU tensors, ProcessGroupNCCL for CUDA tensors) and measures each op. A thin
+// front (docs/core.md): each override checks its arguments and forwards through one helper, run(); delays are
+// the DelayInjector's (delay/DelayInjector.hpp), staleness the StalenessEngine's (stale/StalenessEngine.hpp),
+// telemetry the GroupStats' (stats/OpStats.hpp), every op named by the one op table (ops/OpTable.hpp).
 //
 // Contracts (as c10d's):
 //  - Ordering: collectives must be called in the same order on every rank of the group; a DelayBackend issues
 //    them to its inner backends in call order, so the inner groups see the same sequence on every rank.
 //  - Threads: ops may be called from several threads; sequence numbers are assigned atomically at the call.
 //  - Streams (CUDA): ops are issued at once on the inner NCCL backend's streams; nothing blocks the host.
-//  - Ownership: the works the inner backends return keep their tensors alive; DelayWork keeps the inner work.
+//  - Ownership: the works the inner backends return keep their tensors alive; delaycomm's works keep the inner
+//    work and share the group's stats (never the backend), so a work may outlive its group.
 //  - Unsupported ops fail with "Backend delaycomm does not support <op> ...".
-//  - Delay (when configured): op `seq` of kind k on rank r is delayed by schedule().delayNs(r, k, seq).
-//    network + CPU: the op goes through the group's IssuerThread, which issues every CPU op in call order, each no
-//    earlier than call time + delay; the caller gets its Work at once. network + GPU: a stream-ordered sleep
-//    kernel before the collective (delay/GpuDelay.hpp); the host never blocks. host: the calling thread sleeps
-//    before issuing. Slowdown K: before each op the caller sleeps (K - 1) x the time since its previous op
-//    returned.
-//  - Timeouts: every wait that delaycomm adds is bounded by the group's timeout (options.timeout) and ends in the
-//    timeout error of delay/DelayTimeout.hpp: the host delay and the slowdown on the calling thread (the call
-//    raises), an op held back by the issuer thread (its work and future fail), the GPU sleep kernel (capped, see
-//    delay/GpuDelay.hpp).
+//  - Cost: with nothing configured that acts on this rank (no delay targets it, no slowdown), a CPU op is issued
+//    in place and returned in a DirectWorkCpu (the fast path: docs/percall.md has its measured cost).
+//  - Delay (when configured): see DelayInjector. Timeouts: every wait that delaycomm adds is bounded by the
+//    group's timeout (options.timeout) and ends in the timeout error of delay/DelayTimeout.hpp.
 //  - Lifecycle: shutdown() (destroy_process_group) wakes every caller sleeping in a host delay or slowdown (their
 //    calls raise: the op was not issued), issues every held-back op at once (in order) and joins the issuer
 //    thread, all before the inner backends shut down; it never waits out a delay. abort() fails the held-back ops
@@ -147,14 +151,14 @@ class DelayBackend : public c10d::Backend {
   StalenessEngine* staleness() { return stale_.get(); }
 
   // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
-  void harvestCudaTimings();
+  void harvestCudaTimings() { stats_->harvestCudaTimings(); }
   GroupStats& stats() { return *stats_; }
   // The delay schedule of this group; null when no delay is configured.
-  const DelaySchedule* schedule() const { return schedule_.get(); }
+  const DelaySchedule* schedule() const { return injector_->schedule(); }
   // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
   int64_t delayNsFor(OpKind op, uint64_t seq) const;
   // CPU ops queued in (or being issued by) the issuer thread.
-  size_t pendingDelayedOps() const { return issuer_ ? issuer_->pending() : 0; }
+  size_t pendingDelayedOps() const { return injector_->pending(); }
   void resetStats();
   const BackendOptions& options() const { return options_; }
   c10::intrusive_ptr<c10d::Backend> innerBackend(c10::DeviceType type) const;
@@ -163,12 +167,34 @@ class DelayBackend : public c10d::Backend {
 
  private:
   using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
+  using IssueRef = c10::function_ref<c10::intrusive_ptr<c10d::Work>(c10d::Backend&)>;
 
-  // Routes one op: picks the inner backend for `device`, counts it, issues it and wraps the inner work.
+  // The one helper every op forwards through: picks the inner backend for `device`, counts the op, issues it
+  // with `issue` (a callable taking the inner backend, owning copies of its arguments) and wraps the inner work.
   // asyncOp: the c10d option of that name (false: the inner NCCL op may run on the current stream, so a GPU
-  // delay must then be joined back into it).
-  c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes, std::vector<at::Tensor> outputs,
-                                     IssueFn issue, bool asyncOp = true, bool applyDelay = true);
+  // delay must then be joined back into it). applyDelay: false for ops the staleness engine already delayed.
+  // NOTE: a template so that the fast path (CPU, nothing configured that acts on this rank: see fastPath_)
+  // calls `issue` in place; only the general path (delays, slowdown, coalescing, CUDA timing) stores it.
+  template <typename Issue>
+  c10::intrusive_ptr<c10d::Work> run(OpKind op, c10::Device device, int64_t bytes,
+                                     const std::vector<at::Tensor>& outputs, Issue&& issue, bool asyncOp = true,
+                                     bool applyDelay = true) {
+    if (fastPath_ && !coalescing_ && device.is_cpu()) {
+      return runDirect(op, device, bytes, outputs, IssueRef(issue));
+    }
+    return runGeneral(op, device, bytes, outputs, IssueFn(std::forward<Issue>(issue)), asyncOp, applyDelay);
+  }
+  // The fast path: issue on the calling thread, wrap in a DirectWorkCpu (DelayRun.cpp).
+  c10::intrusive_ptr<c10d::Work> runDirect(OpKind op, c10::Device device, int64_t bytes,
+                                           const std::vector<at::Tensor>& outputs, IssueRef issue);
+  // Everything else: slowdown, delay (host, CPU issuer thread, GPU sleep kernel), coalescing, CUDA timing.
+  c10::intrusive_ptr<c10d::Work> runGeneral(OpKind op, c10::Device device, int64_t bytes,
+                                            const std::vector<at::Tensor>& outputs, IssueFn issue, bool asyncOp,
+                                            bool applyDelay);
+  // The caller's work for a CPU op issued at once: a DirectWorkCpu, or a DelayWorkCpu when the inner work has
+  // no future (Gloo's send/recv: timed in wait()).
+  c10::intrusive_ptr<c10d::Work> wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op, uint64_t seq,
+                                               Clock::time_point calledAt, const std::vector<at::Tensor>& outputs);
   // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
   c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
                                           const c10d::AllreduceOptions& opts);
@@ -176,26 +202,20 @@ class DelayBackend : public c10d::Backend {
   bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
-  c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueFn& issue,
+  c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueRef issue,
                                          bool countErrors);
-  // Slowdown K: sleeps (K - 1) x the time since the previous op returned, on hostSleeper_, until `deadline` at
-  // most (then raises the timeout error).
-  void applySlowdown(OpKind op, uint64_t seq, Clock::time_point deadline);
-  // Raises "the group was shut down while this call was held back by <what>" when a host sleep woke kClosed.
-  void throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const;
-
+  // Numbers and counts one op (its group sequence number, calls, bytes); returns the sequence number.
+  uint64_t admit(OpKind op, int64_t bytes);
 
   const c10::intrusive_ptr<c10d::Backend> cpuInner_;
   const c10::intrusive_ptr<c10d::Backend> cudaInner_;
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
-  std::unique_ptr<DelaySchedule> schedule_;
+  std::unique_ptr<DelayInjector> injector_;  // before stale_, which reads its schedule
+  // Nothing configured acts on this rank's ops (!injector_->engaged()): CPU ops take runDirect().
+  bool fastPath_ = true;
   std::unique_ptr<StalenessEngine> stale_;
-  std::array<bool, kNumOpKinds> delayOp_{};
-  std::unique_ptr<IssuerThread> issuer_;  // CPU network delay only
-  HostSleeper hostSleeper_;               // host delay and slowdown; closed by shutdown() and abort()
-  std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
   std::mutex hookMutex_;
   std::function<void()> shutdownHook_;
 
@@ -203,19 +223,6 @@ class DelayBackend : public c10d::Backend {
   bool coalescing_ = false;
   std::vector<c10::intrusive_ptr<c10d::Work>> coalescedWorks_;
   std::vector<c10d::Backend*> coalescingInners_;
-
-  struct CudaPair {
-    OpKind op;
-    c10::Event start;
-    c10::Event end;
-  };
-  // GPU event pairs waiting to be harvested. Shared with the works' harvest callbacks (DelayWorkCuda), which hold
-  // it weakly: a work waited for after its group was destroyed must not reach into a freed backend.
-  struct CudaTimings {
-    std::mutex mutex;
-    std::deque<CudaPair> pending;
-  };
-  const std::shared_ptr<CudaTimings> cudaTimings_ = std::make_shared<CudaTimings>();
 };
 
 }  // namespace delaycomm

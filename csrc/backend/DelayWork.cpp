@@ -2,7 +2,6 @@
 
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
-#include <torch/version.h>
 
 #include "delay/DelayTimeout.hpp"
 
@@ -11,36 +10,7 @@ namespace delaycomm {
 namespace {
 
 c10d::OpType opTypeOf(OpKind op) {
-  using c10d::OpType;
-  switch (op) {
-    case OpKind::kBroadcast: return OpType::BROADCAST;
-    case OpKind::kAllreduce: return OpType::ALLREDUCE;
-    case OpKind::kAllreduceCoalesced: return OpType::ALLREDUCE_COALESCED;
-    case OpKind::kReduce: return OpType::REDUCE;
-    case OpKind::kAllgather: return OpType::ALLGATHER;
-    case OpKind::kAllgatherBase: return OpType::_ALLGATHER_BASE;
-    case OpKind::kAllgatherCoalesced: return OpType::ALLGATHER_COALESCED;
-    case OpKind::kAllgatherIntoTensorCoalesced: return OpType::COALESCED;
-    case OpKind::kGather: return OpType::GATHER;
-    case OpKind::kScatter: return OpType::SCATTER;
-    case OpKind::kReduceScatter: return OpType::REDUCE_SCATTER;
-    case OpKind::kReduceScatterBase: return OpType::_REDUCE_SCATTER_BASE;
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
-    case OpKind::kReduceScatterTensorCoalesced: return OpType::REDUCE_SCATTER_TENSOR_COALESCED;
-#else
-    // NOTE: torch 2.11 (the GPU machine's) has no REDUCE_SCATTER_TENSOR_COALESCED op type yet.
-    case OpKind::kReduceScatterTensorCoalesced: return OpType::COALESCED;
-#endif
-    case OpKind::kAlltoallBase: return OpType::ALLTOALL_BASE;
-    case OpKind::kAlltoall: return OpType::ALLTOALL;
-    case OpKind::kSend: return OpType::SEND;
-    case OpKind::kRecv: return OpType::RECV;
-    case OpKind::kRecvAnysource: return OpType::RECVANYSOURCE;
-    case OpKind::kBarrier: return OpType::BARRIER;
-    case OpKind::kCoalesced: return OpType::COALESCED;
-    case OpKind::kCount: break;
-  }
-  return OpType::UNKNOWN;
+  return opInfo(op).workType;
 }
 
 double nsSince(Clock::time_point t0) {
@@ -272,19 +242,61 @@ c10::intrusive_ptr<c10::ivalue::Future> DelayWorkCpu::getFuture() {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
+// DirectWorkCpu
+
+DirectWorkCpu::DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture,
+                             OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt)
+    : c10d::Work(-1, opTypeOf(op)),
+      inner_(std::move(inner)),
+      future_(std::move(innerFuture)),
+      op_(op),
+      seq_(seq),
+      stats_(std::move(stats)),
+      issuedAt_(issuedAt) {}
+
+void DirectWorkCpu::watch() {
+  // NOTE: the callback owns a reference to this work; the cycle (inner future -> callback -> this -> future) is
+  // broken when the future completes and drops its callbacks. uses_future=false: the callback reads only whether
+  // the future failed, so the future need not synchronise streams for it.
+  future_->addCallback(
+      [self = c10::intrusive_ptr<DirectWorkCpu>::reclaim_copy(this)](c10::ivalue::Future& f) {
+        self->recordCompletion(!f.hasError());
+      },
+      /*uses_future=*/false);
+}
+
+void DirectWorkCpu::recordCompletion(bool ok) {
+  if (recorded_.exchange(true, std::memory_order_acq_rel)) {
+    return;
+  }
+  auto& s = stats_->op(op_);
+  s.latencyNs.record(nsSince(issuedAt_));
+  if (!ok) {
+    s.errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+bool DirectWorkCpu::wait(std::chrono::milliseconds timeout) {
+  try {
+    return inner_->wait(timeout);
+  } catch (...) {
+    recordCompletion(false);
+    throw;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
 // DelayWorkCuda
 
 DelayWorkCuda::DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq,
-                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device,
-                             Harvest harvest)
+                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device)
     : c10d::Work(-1, opTypeOf(op)),
       inner_(std::move(inner)),
       op_(op),
       seq_(seq),
       stats_(std::move(stats)),
       start_(std::move(start)),
-      device_(device),
-      harvest_(std::move(harvest)) {}
+      device_(device) {}
 
 DelayWorkCuda::~DelayWorkCuda() {
   if (!timed_) {
@@ -302,7 +314,7 @@ void DelayWorkCuda::recordEnd() {
   c10::Event end(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   end.record(impl.getStream(device_));
-  harvest_(op_, std::move(*start_), std::move(end));
+  stats_->cudaTimings().push(op_, std::move(*start_), std::move(end));
   start_.reset();
 }
 

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -93,17 +94,53 @@ class DelayWorkCpu : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 
+// The Work for a CPU op issued at once on the calling thread when nothing configured acts on this rank (the
+// backend's fast path): a thin forward to the inner work. Its future is the inner work's own (completed by the
+// inner backend with the output tensors or its error; no second future to complete), and a callback on it times
+// the op, so that it behaves as a DelayWorkCpu attached at once, at the cost of one callback.
+//
+// Threads: watch() once, right after construction; every other method from any thread.
+class DirectWorkCpu : public c10d::Work {
+ public:
+  DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture,
+                OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt);
+
+  // Times the op when the inner future completes (the callback owns a reference to this work until then).
+  void watch();
+
+  bool isCompleted() override { return inner_->isCompleted(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override {}  // CPU ops have nothing to synchronise with a stream
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  uint64_t getSequencenumber() const override { return seq_; }
+
+ private:
+  void recordCompletion(bool ok);
+
+  const c10::intrusive_ptr<c10d::Work> inner_;
+  const c10::intrusive_ptr<c10::ivalue::Future> future_;
+  const OpKind op_;
+  const uint64_t seq_;
+  const std::shared_ptr<GroupStats> stats_;
+  const Clock::time_point issuedAt_;
+  std::atomic<bool> recorded_{false};
+};
+
 // The Work for a CUDA op: the inner (NCCL) work is issued at once, stream-ordered; this wrapper only adds
 // timing. A start event is recorded on the current stream before the op was issued; the end event is recorded
 // on the current stream when the caller synchronises with the op (wait()/synchronize()), i.e. right after the
-// current stream was made to wait for the collective. Both are harvested lazily by the backend's CudaTimer, so
-// the hot path never blocks the host.
+// current stream was made to wait for the collective. The pair goes to the group's stats (CudaTimings, shared
+// with this work, so waiting after destroy_process_group is safe), which harvest it lazily: the hot path never
+// blocks the host.
 class DelayWorkCuda : public c10d::Work {
  public:
-  using Harvest = std::function<void(OpKind, c10::Event, c10::Event)>;
-
   DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats,
-                std::optional<c10::Event> start, c10::Device device, Harvest harvest);
+                std::optional<c10::Event> start, c10::Device device);
   ~DelayWorkCuda() override;
 
   bool isCompleted() override { return inner_->isCompleted(); }
@@ -126,7 +163,6 @@ class DelayWorkCuda : public c10d::Work {
   const std::shared_ptr<GroupStats> stats_;
   std::optional<c10::Event> start_;
   const c10::Device device_;
-  Harvest harvest_;
   std::mutex mutex_;
   bool timed_ = false;
 };

@@ -2,44 +2,20 @@
 
 namespace delaycomm {
 
-namespace {
-constexpr std::array<const char*, kNumOpKinds> kOpNames = {
-    "broadcast",
-    "allreduce",
-    "allreduce_coalesced",
-    "reduce",
-    "allgather",
-    "_allgather_base",
-    "allgather_coalesced",
-    "allgather_into_tensor_coalesced",
-    "gather",
-    "scatter",
-    "reduce_scatter",
-    "_reduce_scatter_base",
-    "reduce_scatter_tensor_coalesced",
-    "alltoall_base",
-    "alltoall",
-    "send",
-    "recv",
-    "recv_anysource",
-    "barrier",
-    "coalesced",
-};
-}  // namespace
-
-const char* opName(OpKind op) {
-  const int i = static_cast<int>(op);
-  return (i >= 0 && i < kNumOpKinds) ? kOpNames[i] : "unknown";
+void CudaTimings::push(OpKind op, c10::Event start, c10::Event end) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  pending_.push_back(Pair{op, std::move(start), std::move(end)});
 }
 
-bool opFromName(const std::string& name, OpKind* out) {
-  for (int i = 0; i < kNumOpKinds; ++i) {
-    if (name == kOpNames[i]) {
-      *out = static_cast<OpKind>(i);
-      return true;
-    }
+void CudaTimings::harvest(std::array<OpStats, kNumOpKinds>& ops) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Events complete in stream order per stream; stop at the first that has not (never block).
+  while (!pending_.empty() && pending_.front().end.query()) {
+    auto& p = pending_.front();
+    const double ms = p.start.elapsedTime(p.end);
+    ops[static_cast<int>(p.op)].latencyNs.record(ms * 1e6);
+    pending_.pop_front();
   }
-  return false;
 }
 
 void OpStats::reset() {

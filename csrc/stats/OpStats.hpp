@@ -3,42 +3,16 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <mutex>
 #include <string>
 
+#include <c10/core/Event.h>
+
+#include "ops/OpTable.hpp"
 #include "stats/Histogram.hpp"
 
 namespace delaycomm {
-
-// Every operation a DelayBackend forwards, with the names c10d's Python API uses for them.
-enum class OpKind : int {
-  kBroadcast = 0,
-  kAllreduce,
-  kAllreduceCoalesced,
-  kReduce,
-  kAllgather,
-  kAllgatherBase,
-  kAllgatherCoalesced,
-  kAllgatherIntoTensorCoalesced,
-  kGather,
-  kScatter,
-  kReduceScatter,
-  kReduceScatterBase,
-  kReduceScatterTensorCoalesced,
-  kAlltoallBase,
-  kAlltoall,
-  kSend,
-  kRecv,
-  kRecvAnysource,
-  kBarrier,
-  kCoalesced,
-  kCount  // not an op
-};
-
-constexpr int kNumOpKinds = static_cast<int>(OpKind::kCount);
-
-const char* opName(OpKind op);
-// Inverse of opName; returns false when the name is unknown.
-bool opFromName(const std::string& name, OpKind* out);
 
 // Telemetry of one op type in one group. All members are updated lock-free from any thread.
 struct OpStats {
@@ -70,6 +44,26 @@ struct HostStats {
   void reset();
 };
 
+// GPU event pairs of one group's CUDA works (start before the op, end where the caller synchronised with it),
+// waiting to be folded into the ops' latency histograms. Owned by the group's stats, which every work shares, so
+// that a work waited for after its group was destroyed still has somewhere to put its pair.
+// Threads: any; harvesting never blocks (it stops at the first pair whose end has not completed).
+class CudaTimings {
+ public:
+  void push(OpKind op, c10::Event start, c10::Event end);
+  // Folds every completed pair, in order, into `ops[op].latencyNs`.
+  void harvest(std::array<OpStats, kNumOpKinds>& ops);
+
+ private:
+  struct Pair {
+    OpKind op;
+    c10::Event start;
+    c10::Event end;
+  };
+  std::mutex mutex_;
+  std::deque<Pair> pending_;
+};
+
 class GroupStats {
  public:
   OpStats& op(OpKind kind) { return ops_[static_cast<int>(kind)]; }
@@ -78,10 +72,14 @@ class GroupStats {
   const StalenessStats& staleness() const { return staleness_; }
   HostStats& host() { return host_; }
   const HostStats& host() const { return host_; }
+  CudaTimings& cudaTimings() { return cudaTimings_; }
+  // Folds the completed GPU timings into the histograms (never blocks).
+  void harvestCudaTimings() { cudaTimings_.harvest(ops_); }
   void reset();
 
  private:
   std::array<OpStats, kNumOpKinds> ops_;
+  CudaTimings cudaTimings_;
   StalenessStats staleness_;
   HostStats host_;
 };

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C
+from delaycomm import _C, _ops
 from delaycomm._agree import agree
 from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve, stats_file
 
@@ -198,12 +198,17 @@ def create_backend(dist_opts, pg_options):
     return backend
 
 
+_STALENESS = {"bsp": _C.Staleness.BSP, "ssp": _C.Staleness.SSP, "asp": _C.Staleness.ASP}
+_STALE_POLICY = {"ema": _C.StalePolicy.EMA, "apply": _C.StalePolicy.APPLY, "drop": _C.StalePolicy.DROP}
+_DELAY_WHERE = {"network": _C.DelayWhere.NETWORK, "host": _C.DelayWhere.HOST}
+
+
 def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
-    """Copy the staleness options (SPEC §5) into the native BackendOptions."""
+    """Copy the staleness options (validated by _config) into the native BackendOptions, typed."""
     mode, _, bound = cfg.staleness.partition(":")
-    native.staleness = mode
+    native.staleness = _STALENESS[mode]
     native.stale_bound = int(bound) if bound else 0
-    native.stale_policy = cfg.stale_policy
+    native.stale_policy = _STALE_POLICY[cfg.stale_policy]
     native.ema_alpha = cfg.ema_alpha
     native.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
     native.max_pending = cfg.max_pending
@@ -211,12 +216,13 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
 
 
 def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta) -> None:
-    """Copy the delay options into the native BackendOptions; warn when the tail reaches the group's timeout."""
+    """Copy the delay options (validated by _config) into the native BackendOptions, typed; warn when the tail
+    reaches the group's timeout."""
     native.delay = cfg.delay
     native.delay_fraction = cfg.delay_fraction if cfg.delay != "none" else 0.0
     native.delay_ranks = list(cfg.delay_ranks) if cfg.delay_ranks is not None else []
-    native.delay_ops = list(cfg.delay_ops) if cfg.delay_ops is not None else []
-    native.delay_on_host = cfg.delay_where == "host"
+    native.delay_ops = [_ops.BY_NAME[name].kind for name in cfg.delay_ops] if cfg.delay_ops is not None else []
+    native.delay_where = _DELAY_WHERE[cfg.delay_where]
     native.seed = cfg.seed
     native.slowdown = dict(cfg.slowdown).get(rank, 1.0)
     if cfg.delay == "none" or native.delay_fraction == 0.0:

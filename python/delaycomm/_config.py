@@ -18,28 +18,15 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from delaycomm import _ops
+
 __all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "OPTIONS",
            "DELAYABLE_OPS"]
 
 ENV_PREFIX = "DELAYCOMM_"
 
-# Op names as the backend counts them (csrc/stats/OpStats.cpp) plus the names of torch.distributed's functions.
-DELAYABLE_OPS = (
-    "broadcast", "allreduce", "allreduce_coalesced", "reduce", "allgather", "_allgather_base",
-    "allgather_coalesced", "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter",
-    "_reduce_scatter_base", "reduce_scatter_tensor_coalesced", "alltoall_base", "alltoall", "send", "recv",
-    "recv_anysource", "barrier",
-)
-_OP_ALIASES = {
-    "all_reduce": "allreduce",
-    "all_gather": "allgather",
-    "all_gather_into_tensor": "_allgather_base",
-    "reduce_scatter_tensor": "_reduce_scatter_base",
-    "all_to_all": "alltoall",
-    "all_to_all_single": "alltoall_base",
-    "isend": "send",
-    "irecv": "recv",
-}
+# Op names as the backend counts them, and torch.distributed's function names for them: the native op table.
+DELAYABLE_OPS = _ops.DELAYABLE_OPS
 _NCCL_ALGOS = {"tree", "ring", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"}
 _NCCL_ALGO_OPS = {"allreduce", "broadcast", "reduce", "allgather", "reducescatter", "sendrecv"}
 
@@ -174,10 +161,10 @@ def _parse_ops(v: Any) -> tuple[str, ...] | None:
         raise _Invalid(accepted)
     out = []
     for n in names:
-        n = _OP_ALIASES.get(n, n)
-        if n not in DELAYABLE_OPS:
+        op = _ops.canonical(n)
+        if op not in DELAYABLE_OPS:
             raise _Invalid(accepted)
-        out.append(n)
+        out.append(op)
     if not out:
         raise _Invalid(accepted)
     return tuple(sorted(set(out)))

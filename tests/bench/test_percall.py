@@ -89,7 +89,8 @@ def test_the_injected_work_is_calibrated_to_the_cpu_time_asked_for():
     import time
 
     cal = percall_engine.calibrate(2000.0)
-    assert abs(cal["iterations"] - 2000.0 * 1e3 / cal["ns_per_iteration"]) <= 1
+    # ns_per_iteration is rounded to 4 decimals in the record: allow its relative error (~1e-5) on top of the count's
+    assert abs(cal["iterations"] - 2000.0 * 1e3 / cal["ns_per_iteration"]) <= 1 + cal["iterations"] * 1e-5
     t0 = time.thread_time_ns()
     percall_engine.work(cal["iterations"])
     # the same work again costs about the CPU time asked for; a shared core can make one timing 2x the other, so

@@ -18,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 
+from delaycomm import _ops
+
 __all__ = ["Collective", "COLLECTIVES", "REDOPS", "DTYPES", "get"]
 
 # Reduction ops: CLI name -> torch.distributed.ReduceOp attribute.
@@ -202,14 +204,26 @@ def _reduced_table(n: int, redop: str):
     return stacked.mean(0)
 
 
+def _spec(name: str, chunked: bool, bus_factor: Callable[[int], float], factor_text: str) -> Collective:
+    """A collective by its torch.distributed name; its telemetry name and whether it reduces come from the op
+    table (delaycomm._ops)."""
+    op = _ops.info(_TORCH_NAME.get(name, name))
+    return Collective(name, op.name, op.reduces, chunked, bus_factor, factor_text)
+
+
+# NOTE: all_gather and reduce_scatter time the single-tensor forms (torch.distributed's all_gather_into_tensor and
+# reduce_scatter_tensor): the op table's aliases of _allgather_base and _reduce_scatter_base.
+_TORCH_NAME = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
+               "all_to_all": "all_to_all_single"}
+
 COLLECTIVES: dict[str, Collective] = {
     c.name: c
     for c in (
-        Collective("all_reduce", "allreduce", True, False, lambda n: 2.0 * (n - 1) / n, "2(n-1)/n"),
-        Collective("all_gather", "_allgather_base", False, True, lambda n: (n - 1) / n, "(n-1)/n"),
-        Collective("reduce_scatter", "_reduce_scatter_base", True, True, lambda n: (n - 1) / n, "(n-1)/n"),
-        Collective("broadcast", "broadcast", False, False, lambda n: 1.0, "1"),
-        Collective("all_to_all", "alltoall_base", False, True, lambda n: (n - 1) / n, "(n-1)/n"),
+        _spec("all_reduce", False, lambda n: 2.0 * (n - 1) / n, "2(n-1)/n"),
+        _spec("all_gather", True, lambda n: (n - 1) / n, "(n-1)/n"),
+        _spec("reduce_scatter", True, lambda n: (n - 1) / n, "(n-1)/n"),
+        _spec("broadcast", False, lambda n: 1.0, "1"),
+        _spec("all_to_all", True, lambda n: (n - 1) / n, "(n-1)/n"),
     )
 }
 

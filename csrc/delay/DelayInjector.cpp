@@ -1,0 +1,217 @@
+#include "delay/DelayInjector.hpp"
+
+#include <cxxabi.h>
+#include <limits>
+#include <stdexcept>
+
+#include <c10/util/Exception.h>
+
+#include "backend/DelayWork.hpp"
+#include "delay/DelaySpec.hpp"
+#include "delay/DelayTimeout.hpp"
+#ifdef DELAYCOMM_WITH_CUDA
+#include "delay/GpuDelay.hpp"
+#endif
+
+namespace delaycomm {
+
+namespace {
+
+using InjectorClock = std::chrono::steady_clock;
+
+int64_t injectorNowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(InjectorClock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::shared_ptr<GroupStats> stats)
+    : rank_(rank), options_(std::move(options)), stats_(std::move(stats)) {
+  TORCH_INTERNAL_ASSERT(options_.slowdown >= 1.0, "delaycomm: DelayInjector: slowdown must be >= 1, got ",
+                        options_.slowdown);
+  DelaySpec spec;
+  try {
+    spec = parseDelaySpec(options_.delay);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, e.what());  // a trace file may have changed since Python read it
+  }
+  if (!spec.isNone() && options_.fraction > 0.0) {
+    try {
+      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.fraction, options_.seed, options_.ranks);
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    if (options_.ops.empty()) {
+      for (const auto& row : opTable()) {
+        delayOp_[static_cast<int>(row.kind)] = row.delayable;
+      }
+    }
+    for (const OpKind kind : options_.ops) {
+      TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
+      delayOp_[static_cast<int>(kind)] = true;
+    }
+    if (issuesCpuOps && options_.where == DelayWhere::kNetwork && schedule_->targets(rank)) {
+      issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
+    }
+  }
+  engaged_ = options_.slowdown > 1.0 || (schedule_ && schedule_->targets(rank));
+}
+
+DelayInjector::~DelayInjector() {
+  // close() ran already unless the group was never destroyed (interpreter exit): no thread of this group may
+  // outlive it (IssuerThread::stop() is safe from any thread, itself included).
+  close();
+}
+
+void DelayInjector::close() {
+  hostSleeper_.close();
+  if (issuer_) {
+    issuer_->stop();
+  }
+}
+
+void DelayInjector::abort() {
+  hostSleeper_.close();  // callers sleeping in a host delay or slowdown raise (the op is not issued)
+  if (issuer_) {
+    issuer_->cancelAll(std::make_exception_ptr(c10::DistBackendError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+        "delaycomm: the group was aborted while this op was held back by an injected delay; the op was not issued")));
+    issuer_->stop();  // nothing is left to issue: joins the thread
+  }
+}
+
+int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq) const {
+  if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
+    return 0;
+  }
+  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq);
+}
+
+void DelayInjector::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const {
+  if (woke != HostSleeper::Woke::kClosed) {
+    return;
+  }
+  stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("delaycomm: ", opName(op), " (sequence number ", seq, "): the group was shut down "
+                           "(destroy_process_group or abort) while this call was held back on the calling thread by ",
+                           what, "; the op was not issued"));
+}
+
+void DelayInjector::applySlowdown(OpKind op, uint64_t seq, InjectorClock::time_point deadline) {
+  const int64_t last = lastReturnNs_.load(std::memory_order_relaxed);
+  if (last < 0) {
+    return;  // the first op: nothing measured yet
+  }
+  const int64_t gap = injectorNowNs() - last;
+  // In double: gap x (K - 1) may not fit in int64 (a huge K), and must then saturate, not wrap.
+  const double extra = static_cast<double>(gap) * (options_.slowdown - 1.0);
+  if (!(extra >= 1.0)) {
+    return;
+  }
+  const int64_t extraNs = extra >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(extra);
+  const auto woke = hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), extraNs), deadline);
+  const auto what = c10::str("the compute slowdown of ", options_.slowdown, "x (", msOf(extraNs), " ms: ",
+                             options_.slowdown - 1.0, " x the ", msOf(gap), " ms since its previous op returned)");
+  throwIfClosed(woke, op, seq, what.c_str());
+  if (woke == HostSleeper::Woke::kDeadline) {
+    stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
+    throwDelayTimeout(opName(op), seq, "the call", options_.timeout, true, c10::str("held back by ", what));
+  }
+  auto& h = stats_->host();
+  h.slowdownCalls.fetch_add(1, std::memory_order_relaxed);
+  h.slowdownNs.record(static_cast<double>(extraNs));
+}
+
+DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
+  // Every wait this call adds on the calling thread (slowdown, host delay) ends by the group's timeout.
+  const auto callDeadline = addSaturated<InjectorClock>(InjectorClock::now(), options_.timeout);
+  const bool slow = options_.slowdown > 1.0;
+  // Slowdown measures the time between ops from the moment each returns to its caller (or fails).
+  struct ReturnStamp {
+    std::atomic<int64_t>* last;
+    ~ReturnStamp() {
+      if (last) last->store(injectorNowNs(), std::memory_order_relaxed);
+    }
+  } stamp{slow ? &lastReturnNs_ : nullptr};
+  if (slow) {
+    applySlowdown(op.kind, op.seq, callDeadline);
+  }
+
+  // The stale path consumes the schedule itself (as staleness, not as network delay).
+  const int64_t delayNs = op.applyDelay ? delayNsFor(op.kind, op.seq) : 0;
+  if (delayNs > 0) {
+    auto& s = stats_->op(op.kind);
+    s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+    s.delayNs.record(static_cast<double>(delayNs));
+    if (options_.where == DelayWhere::kHost) {
+      const auto woke =
+          hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), delayNs), callDeadline);
+      const auto what = c10::str("an injected delay of ", msOf(delayNs), " ms (delay_where=host)");
+      throwIfClosed(woke, op.kind, op.seq, what.c_str());
+      if (woke == HostSleeper::Woke::kDeadline) {
+        s.errors.fetch_add(1, std::memory_order_relaxed);
+        throwDelayTimeout(opName(op.kind), op.seq, "the call", options_.timeout, true,
+                          c10::str("held back on the calling thread by ", what));
+      }
+    }
+  }
+  const int64_t networkDelayNs = options_.where == DelayWhere::kHost ? 0 : delayNs;
+  const auto calledAt = InjectorClock::now();
+
+  if (op.afterWaits) {
+    (*op.afterWaits)();
+  }
+  if (op.device.is_cuda()) {
+    c10::intrusive_ptr<c10d::Work> innerWork;
+    if (networkDelayNs > 0) {
+#ifdef DELAYCOMM_WITH_CUDA
+      issueWithGpuDelay(op.device, boundedGpuDelayNs(networkDelayNs, options_.timeout),
+                        /*joinCurrentStream=*/!op.asyncOp, [&] { innerWork = issue(true); });
+#else
+      TORCH_CHECK(false, "delaycomm: ", opName(op.kind), ": network delay on cuda tensors needs the GPU sleep kernel, "
+                  "and this build of delaycomm has no CUDA sources (rebuild with nvcc, or use delay_where=host)");
+#endif
+    } else {
+      innerWork = issue(true);
+    }
+    return {std::move(innerWork), false, calledAt};
+  }
+  return issueCpu(op, issue, networkDelayNs, calledAt);
+}
+
+DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs,
+                                              InjectorClock::time_point calledAt) {
+  if (!issuer_) {
+    return {issue(true), false, calledAt};
+  }
+  if (networkDelayNs == 0) {
+    // Nothing held back ahead of it: issue on the caller's thread (the issuer's lock keeps the call order).
+    c10::intrusive_ptr<c10d::Work> innerWork;
+    if (issuer_->runInlineIfIdle([&] { innerWork = issue(true); })) {
+      return {std::move(innerWork), false, calledAt};
+    }
+  }
+  auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, options_.timeout,
+                                                networkDelayNs);
+  const OpKind kind = op.kind;
+  issuer_->submit(
+      addSaturated<InjectorClock>(calledAt, networkDelayNs),
+      [issue = std::move(issue), work, kind]() mutable {
+        try {
+          auto w = issue(false);
+          TORCH_CHECK(w, "delaycomm: ", opName(kind), ": the inner backend returned no work");
+          work->attach(std::move(w));
+        } catch (const abi::__forced_unwind&) {
+          throw;  // the thread is being cancelled or exits (e.g. at interpreter exit): never swallow it
+        } catch (...) {
+          work->fail(std::current_exception());
+        }
+      },
+      [work](std::exception_ptr error) { work->fail(error); },
+      // Still held back at the call time + the group's timeout: the work fails with the timeout error.
+      addSaturated<InjectorClock>(calledAt, options_.timeout), [work] { work->expire(); });
+  return {std::move(work), true, calledAt};
+}
+
+}  // namespace delaycomm

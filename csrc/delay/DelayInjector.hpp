@@ -1,0 +1,118 @@
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <c10/core/Device.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include "delay/IssuerThread.hpp"
+#include "delay/Schedule.hpp"
+#include "stats/OpStats.hpp"
+
+namespace delaycomm {
+
+// Delay injection of one group (README "Delay"; docs/core.md): the delay schedule, the compute slowdown, the host
+// delay, the CPU issuer thread and the GPU sleep kernel, behind one entry point, run(). The backend's front
+// (backend/DelayBackend.hpp) calls it for every op when engaged() and skips it otherwise.
+//
+// What run() does with op `seq` of kind k on rank r (delay d = schedule().delayNs(r, k, seq) when delay_ops
+// selects k):
+//  - slowdown K: the calling thread first sleeps (K - 1) x the time since its previous op returned;
+//  - delay_where=host: the calling thread sleeps d, then issues;
+//  - network + CPU: the op goes through the issuer thread, which issues every CPU op in call order, each no earlier
+//    than call time + d; the caller gets a DelayWorkCpu at once, attached when the op is issued. An op with
+//    nothing held back ahead of it is issued on the calling thread;
+//  - network + GPU: a stream-ordered sleep kernel before the collective (delay/GpuDelay.hpp); the host never
+//    blocks.
+// Every wait on the calling thread ends by the group's timeout (then raises the timeout error of
+// delay/DelayTimeout.hpp) or when the group closes (raises: the op was not issued).
+//
+// Threads: run() from any thread (c10d's callers); close() and abort() from any thread, the issuer's included.
+// delay_where: where a delay is paid (README "Delay").
+enum class DelayWhere { kNetwork, kHost };
+
+class DelayInjector {
+ public:
+  // Validated by the caller (Python's delaycomm._config, then BackendOptions).
+  struct Options {
+    std::string delay = "none";       // a delay spec (delay/DelaySpec.hpp)
+    double fraction = 0.0;            // per-call Bernoulli probability
+    std::vector<int64_t> ranks;       // delayed ranks; empty = all
+    std::vector<OpKind> ops;          // delayed ops; empty = every delayable op
+    DelayWhere where = DelayWhere::kNetwork;
+    uint64_t seed = 0;
+    double slowdown = 1.0;            // this rank's compute slowdown K (>= 1)
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+    std::string groupName;
+  };
+
+  // One op as the front hands it over.
+  struct Op {
+    OpKind kind;
+    uint64_t seq;
+    c10::Device device;
+    bool asyncOp;     // c10d's option (false: a GPU delay is joined back into the current stream)
+    bool applyDelay;  // false: the staleness engine consumed the delay already (the op still keeps call order)
+    const std::vector<at::Tensor>* outputs;  // CPU: kept alive by a held-back op's work
+    // Runs on the calling thread after its waits (slowdown, host delay), before the op is issued or queued (or
+    // null): the front opens the inner coalescing window and starts the CUDA timing there, so that an op's GPU
+    // time includes its network delay and not the host's.
+    const std::function<void()>* afterWaits = nullptr;
+  };
+  // Issues the op to the inner backend now and returns its work (null inside an inner coalescing window).
+  // onCaller: true on the calling thread (errors count there), false on the issuer thread (the work counts them).
+  using Issue = std::function<c10::intrusive_ptr<c10d::Work>(bool onCaller)>;
+  struct Issued {
+    c10::intrusive_ptr<c10d::Work> work;  // held back: the caller's DelayWorkCpu; else the inner work
+    bool heldBack = false;
+    std::chrono::steady_clock::time_point calledAt;  // after the waits on the calling thread (latency starts)
+  };
+
+  DelayInjector(int rank, Options options, bool issuesCpuOps, std::shared_ptr<GroupStats> stats);
+  ~DelayInjector();
+  DelayInjector(const DelayInjector&) = delete;
+  DelayInjector& operator=(const DelayInjector&) = delete;
+
+  // Whether anything configured acts on this rank's ops (a delay that targets it, or a slowdown).
+  bool engaged() const { return engaged_; }
+  // The delay schedule of the group (every rank's, for the staleness engine); null when no delay is configured.
+  const DelaySchedule* schedule() const { return schedule_.get(); }
+  bool delays(OpKind op) const { return delayOp_[static_cast<int>(op)]; }
+  // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
+  int64_t delayNsFor(OpKind op, uint64_t seq) const;
+  // CPU ops queued in (or being issued by) the issuer thread.
+  size_t pending() const { return issuer_ ? issuer_->pending() : 0; }
+
+  // The one entry point (see above).
+  Issued run(const Op& op, Issue issue);
+
+  // destroy_process_group: wakes every caller sleeping on the host (their calls raise), issues every held-back op
+  // at once, in order, and joins the issuer thread. Never waits out a delay. Idempotent.
+  void close();
+  // abort: as close(), but the held-back ops fail instead of being issued.
+  void abort();
+
+ private:
+  void applySlowdown(OpKind op, uint64_t seq, std::chrono::steady_clock::time_point deadline);
+  void throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const;
+  Issued issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs, std::chrono::steady_clock::time_point calledAt);
+
+  const int rank_;
+  const Options options_;
+  const std::shared_ptr<GroupStats> stats_;
+  std::unique_ptr<DelaySchedule> schedule_;
+  std::array<bool, kNumOpKinds> delayOp_{};
+  std::unique_ptr<IssuerThread> issuer_;   // CPU network delay only
+  HostSleeper hostSleeper_;                // host delay and slowdown; closed by close() and abort()
+  std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
+  bool engaged_ = false;
+};
+
+}  // namespace delaycomm
