@@ -37,6 +37,7 @@ if [ "$what" != test ]; then
 fi
 
 if [ "$what" != prepare ]; then
+  unset_script_knobs
   "$venv/bin/python" - <<'PY'
 import torch, delaycomm
 assert torch.version.cuda, "expected a CUDA build of torch"

@@ -60,3 +60,11 @@ stage_summary() {
   echo "# ---- stages (load average now: $(cut -d' ' -f1-3 /proc/loadavg))"
   if [ -n "${STAGE_LOG:-}" ] && [ -f "$STAGE_LOG" ]; then sed 's/^/#   /' "$STAGE_LOG"; fi
 }
+
+# unset_script_knobs: takes the scripts' own DELAYCOMM_* knobs out of the environment. delaycomm rejects every
+# DELAYCOMM_* variable it does not know (a typo would otherwise be ignored), so the tests, tools and gates these
+# scripts run must not see them: call this after the last use of a knob, before running Python.
+unset_script_knobs() {
+  unset DELAYCOMM_BUILD_ARGS DELAYCOMM_BUILD_DIR DELAYCOMM_CUDA_VENV DELAYCOMM_NO_BUILD DELAYCOMM_SKIP_CUDA_CHECK \
+    DELAYCOMM_TEST_WORKERS
+}

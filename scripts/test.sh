@@ -59,9 +59,11 @@ stage "lint: ruff check" "$root/.venv/bin/ruff" check --no-cache "$root"
 # two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
 # ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
+workers=${DELAYCOMM_TEST_WORKERS:-2}
+unset_script_knobs
 stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
   "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20 \
-  -n "${DELAYCOMM_TEST_WORKERS:-2}" --dist loadfile
+  -n "$workers" --dist loadfile
 
 if [ -n "$cuda_pid" ]; then
   stage "CUDA compile check: waiting for the background job" cuda_prepared
