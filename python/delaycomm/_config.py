@@ -35,6 +35,7 @@ _OP_ALIASES = {
     "all_gather": "allgather",
     "all_gather_into_tensor": "_allgather_base",
     "reduce_scatter_tensor": "_reduce_scatter_base",
+    "reduce_scatter_single": "_reduce_scatter_base",
     "all_to_all": "alltoall",
     "all_to_all_single": "alltoall_base",
     "isend": "send",
