@@ -1,4 +1,5 @@
-"""Staleness under FSDP2 as a user gets it: the unmodified examples/train_fsdp2.py under torchrun, configured only
+"""Staleness under FSDP2 as a user gets it: unmodified FSDP2 scripts under torchrun (examples/train_fsdp2.py, and
+PyTorch Lightning's ModelParallelStrategy when Lightning is installed), configured only
 through DELAYCOMM_* (step_ms=auto, the scope keys of docs/staleness.md, stale_policy=ema).
 
 Asserts, from every rank's stats file, that FSDP2's reduce-scatters went stale (>= 5% of contributions late, the
@@ -56,3 +57,19 @@ def test_unmodified_fsdp2_example_goes_stale_and_trains_like_bsp(tmp_path):
     bsp, ssp = _final_loss(runs["bsp"][1] / "loss.txt"), _final_loss(d / "loss.txt")
     assert bsp < 0.5, f"BSP did not train: final loss {bsp}"
     assert abs(ssp - bsp) <= 0.1 * bsp, f"ssp:2 + ema final loss {ssp:.4f} vs BSP {bsp:.4f}"
+
+
+LIGHTNING_JOB = Path(__file__).resolve().parent / "scripts" / "lightning_fsdp2.py"
+
+
+@pytest.mark.timeout(300)
+def test_lightning_model_parallel_strategy_goes_stale(tmp_path):
+    # PyTorch Lightning is optional (pip install lightning); its FSDPStrategy is FSDP1 and needs a GPU, so the CPU
+    # test runs FSDP2 through ModelParallelStrategy (fully_shard in configure_model).
+    pytest.importorskip("lightning", reason="PyTorch Lightning is not installed (optional: pip install lightning)")
+    _torchrun(LIGHTNING_JOB, [], USER_ENV, tmp_path)
+    # The default group's file per rank (the mesh's size-1 tensor-parallel groups write their own, with nothing).
+    docs = [d for d in _stats(tmp_path) if d["ops"].get("_reduce_scatter_base", {}).get("calls", 0) > 0]
+    assert len(docs) == 2, f"expected the data-parallel group's stats from each rank, got {len(docs)}"
+    st = _check_staleness(docs, bound=2)
+    assert st["step_key"].startswith("'FSDP::post_backward_reduce"), st
