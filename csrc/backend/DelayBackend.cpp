@@ -8,7 +8,6 @@
 #include <c10/util/Logging.h>
 
 #include "delay/DelaySpec.hpp"
-#include "stale/FsdpScope.hpp"
 
 namespace delaycomm {
 
@@ -188,22 +187,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   if (staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
-    uint64_t key = 0;
-    if (const std::string* scope = StalenessEngine::currentScope()) {
-      // HSDP's all-reduce across replicas follows its shard group's reduce-scatter in the same FSDP2 scope
-      // (docs/staleness.md, "HSDP"); FSDP2's replicate-only all-reduce is the scope's one reduction.
-      TORCH_CHECK_NOT_IMPLEMENTED(
-          !fsdp_scope::reduceScattered(),
-          "delaycomm: staleness does not support HSDP (fully_shard on a 2-D mesh): the all-reduce across replicas "
-          "in '", *scope, "' would go stale on its own schedule after its shard group's reduce-scatter did. Use "
-          "fully_shard on a 1-D mesh (every rank one shard group), or keep the all-reduce across replicas "
-          "synchronous with delay_ops=_reduce_scatter_base (DELAYCOMM_DELAY_OPS; staleness then applies within "
-          "each shard group only), or staleness=bsp");
-      key = stale_->keyOfScope(*scope, tensors[0], /*scatter=*/false);
-    } else {
-      key = stale_->keyOf(tensors[0]);
-    }
-    return runStale(tensors[0], key, opts.reduceOp == c10d::ReduceOp::AVG, opts);
+    return runStale(tensors[0], stale_->streamKey(tensors[0], /*scatter=*/false),
+                    opts.reduceOp == c10d::ReduceOp::AVG, opts);
   }
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
              [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
@@ -251,8 +236,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& o
   const double scale = kind == c10d::ReduceOp::AVG          ? 1.0 / static_cast<double>(n)
                        : kind == c10d::ReduceOp::PREMUL_SUM ? *premulSumFactor(opts.reduceOp)
                                                             : 1.0;
-  const std::string* scope = StalenessEngine::currentScope();
-  const uint64_t key = scope ? stale_->keyOfScope(*scope, input, /*scatter=*/true) : stale_->keyOf(input);
+  const uint64_t key = stale_->streamKey(input, /*scatter=*/true);
   // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
   // reduce-scatter input afterwards (README, "Bounded staleness").
   stale_->prepareScaled(input, key, scale, /*scatter=*/true);
@@ -400,7 +384,6 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
                                                                   const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensor(OpKind::kReduceScatterBase, "inputBuffer", input);
   checkTensor(OpKind::kReduceScatterBase, "outputBuffer", output);
-  fsdp_scope::noteReduceScatter();  // HSDP: an all-reduce in the same FSDP2 scope is then the replicas'
   if (staleEligible(OpKind::kReduceScatterBase, {input}, opts.reduceOp)) {
     return runStaleReduceScatter(output, input, opts);
   }

@@ -30,9 +30,10 @@ void release();
 
 // The innermost FSDP2 reduction scope of this thread ("FSDP::post_backward_reduce (layers.0)"), or nullptr.
 const std::string* current();
-// Marks that a reduce-scatter was issued in the current scope (HSDP: an all-reduce after it is the replicas').
+// Marks that a stale reduce-scatter was issued in the current scope (HSDP: an all-reduce after it is the
+// replicas').
 void noteReduceScatter();
-// Whether a reduce-scatter was issued in the current scope.
+// Whether a stale reduce-scatter was issued in the current scope.
 bool reduceScattered();
 
 }  // namespace fsdp_scope

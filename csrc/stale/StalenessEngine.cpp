@@ -67,10 +67,6 @@ StalenessEngine::~StalenessEngine() {
   fsdp_scope::release();
 }
 
-const std::string* StalenessEngine::currentScope() {
-  return fsdp_scope::current();
-}
-
 // ---------------------------------------------------------------------------------------------------------------
 // One step
 

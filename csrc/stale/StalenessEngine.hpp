@@ -126,8 +126,10 @@ class StalenessEngine {
   uint64_t keyOfScope(const std::string& scope, const at::Tensor& t, bool scatter);
   // The key keyOfScope gives (a pure function: tests and tools compute the schedule of a scope's stream with it).
   static uint64_t scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter);
-  // The FSDP2 reduction scope of the calling thread, if any (stale/FsdpScope.hpp).
-  static const std::string* currentScope();
+  // The key of a reduction of `t` issued now on the calling thread: keyOfScope inside an FSDP2 reduction scope
+  // (stale/FsdpScope.hpp), else keyOf. Raises NotImplementedError for HSDP's second stale stage: a stale
+  // all-reduce after a stale reduce-scatter in the same scope (docs/staleness.md, "HSDP"), on every rank alike.
+  uint64_t streamKey(const at::Tensor& t, bool scatter);
   // Rewrites `t` in place into this rank's contribution to key's next step; the caller then SUM-reduces it (an
   // all-reduce). average: the stream is an AVG (the result and flush are divided by N).
   StepInfo prepare(at::Tensor& t, uint64_t key, bool average);

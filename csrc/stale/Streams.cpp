@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "stale/FsdpScope.hpp"
 #include "stale/StalenessEngine.hpp"
 
 namespace delaycomm {
@@ -99,6 +100,29 @@ uint64_t StalenessEngine::keyOfScope(const std::string& scope, const at::Tensor&
     ks.scatter = scatter;
   }
   return key;
+}
+
+uint64_t StalenessEngine::streamKey(const at::Tensor& t, bool scatter) {
+  const std::string* scope = fsdp_scope::current();
+  if (scope == nullptr) {
+    return keyOf(t);
+  }
+  if (scatter) {
+    fsdp_scope::noteReduceScatter();
+  } else {
+    // HSDP's all-reduce across replicas follows its shard group's reduce-scatter in the same FSDP2 scope; an
+    // all-reduce alone in a scope (FSDP2 over a replicate-only mesh, or HSDP with the reduce-scatter BSP) is the
+    // scope's one stale reduction.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !fsdp_scope::reduceScattered(),
+        "delaycomm: staleness does not support HSDP (fully_shard on a 2-D mesh) with both stages stale: the "
+        "all-reduce across replicas in '", *scope, "' would go stale on its own schedule after its shard group's "
+        "reduce-scatter did. Use fully_shard on a 1-D mesh (every rank one shard group); or make one stage stale "
+        "with delay_ops (DELAYCOMM_DELAY_OPS): delay_ops=_reduce_scatter_base for staleness within each shard "
+        "group (the all-reduce across replicas synchronous), delay_ops=allreduce for staleness across replicas "
+        "(the reduce-scatter synchronous); or staleness=bsp");
+  }
+  return keyOfScope(*scope, t, scatter);
 }
 
 const char* StalenessEngine::opTextLocked(uint64_t key) const {

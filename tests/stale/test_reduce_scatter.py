@@ -173,9 +173,10 @@ def test_reduce_scatter_outside_a_scope_is_keyed_by_storage_and_stays_fresh():
         assert 1 <= keys <= 12
 
 
-def _hsdp(ctx):
-    shard = ctx.group(delay="exp:p99=40ms", delay_fraction=1.0, seed=3, staleness="ssp:2", step_ms=STEP_MS)
-    replicas = ctx.group(delay="exp:p99=40ms", delay_fraction=1.0, seed=3, staleness="ssp:2", step_ms=STEP_MS)
+def _hsdp(ctx, delay_ops):
+    opts = dict(delay="exp:p99=40ms", delay_fraction=1.0, seed=3, staleness="ssp:2", step_ms=STEP_MS,
+                delay_ops=delay_ops)
+    shard, replicas = ctx.group(**opts), ctx.group(**opts)  # HSDP's two stages: two groups, one scope
     out = torch.empty(2)
     with record_function(SCOPE):
         dist.reduce_scatter_single(out, torch.ones(2 * ctx.world_size), group=shard)
@@ -183,15 +184,22 @@ def _hsdp(ctx):
             dist.all_reduce(out, group=replicas)
         except NotImplementedError as e:
             return str(e)
-    return None
+    return delaycomm.stats(replicas)["staleness"]["keys"]
 
 
-def test_hsdp_all_reduce_after_reduce_scatter_in_one_scope_is_refused_on_every_rank():
-    for msg in run_threads(_hsdp, 2, timeout=30):
-        assert msg is not None, "HSDP's all-reduce across replicas went through"
-        for part in ("staleness does not support HSDP (fully_shard on a 2-D mesh)", SCOPE, "1-D mesh",
-                     "delay_ops=_reduce_scatter_base"):
+def test_hsdp_with_both_stages_stale_is_refused_on_every_rank():
+    for msg in run_threads(lambda ctx: _hsdp(ctx, "all"), 2, timeout=30):
+        assert isinstance(msg, str), "HSDP's all-reduce across replicas went stale after its reduce-scatter"
+        for part in ("staleness does not support HSDP (fully_shard on a 2-D mesh) with both stages stale", SCOPE,
+                     "1-D mesh", "delay_ops=_reduce_scatter_base", "delay_ops=allreduce"):
             assert part in msg, msg
+
+
+@pytest.mark.parametrize("delay_ops", ["_reduce_scatter_base", "allreduce"])
+def test_hsdp_with_one_stage_stale_runs(delay_ops):
+    # The alternatives the refusal names: one stage stale, the other BSP (and undelayed).
+    for keys in run_threads(lambda ctx: _hsdp(ctx, delay_ops), 2, timeout=30):
+        assert keys == (1 if delay_ops == "allreduce" else 0)  # the replicas' stream keyed by the scope
 
 
 def _replicate_scope(ctx, steps):
