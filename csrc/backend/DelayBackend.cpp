@@ -196,7 +196,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
 
 // The staleness engine takes a reduction when its op can be late at all: staleness is on, the delay schedule is
 // active and the op is among delay_ops (delay_ops=broadcast leaves all-reduces BSP), and it is a SUM/AVG of one
-// dense floating tensor outside a coalescing window (docs/staleness.md).
+// dense floating tensor outside a coalescing window, or for _reduce_scatter_base also a PREMUL_SUM by a number
+// (docs/staleness.md, "Which reductions go stale").
 bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
                                  const c10d::ReduceOp& reduceOp) const {
   if (!stale_ || !schedule_ || !schedule_->active() || !delayOp_[static_cast<int>(op)]) {
