@@ -61,7 +61,7 @@ def main() -> None:
     shard = 4099  # not a multiple of any vector width
     total_in = torch.zeros(shard * world, dtype=torch.float64, device=dev)
     total_out = torch.zeros(shard, dtype=torch.float64, device=dev)
-    for t in range(args.steps):
+    for _ in range(args.steps):
         inp = torch.randint(-8, 9, (shard * world,), generator=gen, device=dev).float()
         total_in += inp.double()
         out = torch.empty(shard, device=dev)
