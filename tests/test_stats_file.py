@@ -138,6 +138,10 @@ def test_a_group_never_destroyed_writes_its_stats_at_exit(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
     env["DELAYCOMM_STATS"] = str(tmp_path / "stats.json")
     proc = run_cli(["-c", _NEVER_DESTROYED.format(rdzv=tmp_path / "rdzv")], env=env, timeout=100)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    # NOTE: a process that exits with a Gloo group never destroyed aborts now and then in teardown, after the
+    # interpreter's exit handlers, with plain Gloo too (README, "Known issues"; 1 in 15 here for each): that is
+    # not what this test is about, and the stats are written before it.
+    upstream_abort = proc.returncode == -6 and "terminate called without an active exception" in proc.stderr
+    assert proc.returncode == 0 or upstream_abort, proc.stderr[-3000:]
     data = json.loads((tmp_path / "stats.json").read_text())
     assert data["ops"]["allreduce"]["calls"] == 2, data["ops"]["allreduce"]
