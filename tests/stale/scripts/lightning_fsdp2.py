@@ -48,6 +48,10 @@ def main() -> None:
     trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(Classifier(), DataLoader(data, batch_size=64))
+    # NOTE: Lightning leaves the process group alive; delaycomm writes its stats at exit then too
+    # (tests/test_stats_file.py), but a Gloo group never destroyed aborts now and then at teardown (README, "Known
+    # issues"), which would fail torchrun: destroy it, as the README advises.
+    torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
