@@ -114,12 +114,13 @@ void StalenessEngine::checkPendingLocked(const KeyState& ks, uint64_t key, uint6
   for (int r = 0; r < size_; ++r) {
     const auto i = static_cast<size_t>(r);
     if (plan.k[i] > 0 && ks.pendingOf[i] - dueNow[i] >= options_.maxPending) {
-      TORCH_CHECK(false, "delaycomm: stale ", opTextLocked(key), " on group '", options_.groupName, "': at step ", step, " of ",
-                  describeKeyLocked(key), ", rank ", r, "'s contribution is late again while it already has ",
-                  ks.pendingOf[i] - dueNow[i], " in flight: staleness=asp holds at most max_pending=",
-                  options_.maxPending, " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the "
-                  "delay or delay_fraction, or bound staleness with staleness=ssp:S. Every rank raises this error "
-                  "at this step; nothing of the step was applied");
+      TORCH_CHECK(false, "delaycomm: stale ", opTextLocked(key), " on group '", options_.groupName, "': at step ",
+                  step, " of ", describeKeyLocked(key), ", rank ", r,
+                  "'s contribution is late again while it already has ", ks.pendingOf[i] - dueNow[i],
+                  " in flight: staleness=asp holds at most max_pending=", options_.maxPending,
+                  " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the delay or delay_fraction, "
+                  "or bound staleness with staleness=ssp:S. Every rank raises this error at this step; nothing of "
+                  "the step was applied");
     }
   }
 }
@@ -130,8 +131,8 @@ void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, co
   // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
   C10_THROW_ERROR(
       DistBackendError,
-      c10::str("delaycomm: ", opTextLocked(key), " (step ", step, " of ", describeKeyLocked(key), ", group '", options_.groupName,
-               "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
+      c10::str("delaycomm: ", opTextLocked(key), " (step ", step, " of ", describeKeyLocked(key), ", group '",
+               options_.groupName, "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
                " ms (the group's timeout): rank ", late, "'s contribution is held back by an injected delay of ",
                msText(plan.delayNs[i]), " ms, of which ", options_.bound, " step(s) of staleness (step ",
                msText(stepNs), " ms) cover ", msText(options_.bound * stepNs), " ms and ", msText(plan.waitNs[i]),
@@ -196,8 +197,8 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   // Checks first: each raises on every rank alike, before this step changes anything.
   if (options_.policy != Policy::kDrop && !ks.arrivals.empty()) {
     TORCH_CHECK_VALUE(t.numel() == ks.numel && t.scalar_type() == ks.prototype.scalar_type(),
-                      "delaycomm: stale ", opTextLocked(key), ": ", describeKeyLocked(key), " changed from ", ks.numel, " x ",
-                      ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
+                      "delaycomm: stale ", opTextLocked(key), ": ", describeKeyLocked(key), " changed from ",
+                      ks.numel, " x ", ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
                       " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
                       "delaycomm.stale_allreduce(key=...))");
   }

@@ -43,8 +43,9 @@ namespace delaycomm {
 // Keys: explicit (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase; for reductions
 // inside an FSDP2 parameter group's gradient-reduction scope (stale/FsdpScope.hpp), the scope's name with the
 // tensor's size and dtype (keyOfScope: a hash, >= kScopeKeyBase, the same on every rank whatever the order); or,
-// for other all_reduce and reduce-scatter calls, the storage identity of the tensor (storage object, offset, size, dtype, device), numbered
-// from kIdentityKeyBase in first-seen order, which is the same on every rank running the same program. A key defers nothing on its first step
+// for other all_reduce and reduce-scatter calls, the storage identity of the tensor (storage object, offset, size,
+// dtype, device), numbered from kIdentityKeyBase in first-seen order, which is the same on every rank running the
+// same program. A key defers nothing on its first step
 // (DDP rebuilds its buckets after the first iteration, so storages seen once are not streams). The key table
 // holds at most Options::maxKeys keys: the least recently used key with nothing pending is forgotten beyond that
 // (a stream whose tensor is new storage on every call cannot be keyed; warned once).
@@ -141,7 +142,8 @@ class StalenessEngine {
   // Every key with a contribution still pending anywhere, in key order, with this rank's local sum of its own
   // pending contributions (zeros when it has none) scaled as the policy delivers them when no fresh contribution
   // is present, and by the stream's result scale. SUM-reducing each tensor (all-reduce, or reduce-scatter for a
-  // key that scatters(): each rank keeps its shard) delivers everything; nothing stays pending afterwards. Under drop nothing is pending (late contributions left in flight are counted as dropped).
+  // key that scatters(): each rank keeps its shard) delivers everything; nothing stays pending afterwards. Under
+  // drop nothing is pending (late contributions left in flight are counted as dropped).
   std::vector<std::pair<uint64_t, at::Tensor>> takeFlush();
   int64_t pendingHere() const;
   int64_t pendingGlobal() const;

@@ -146,7 +146,8 @@ void StalenessEngine::evictLocked(std::string* warning) {
       warnedUnengaged_ = true;
       std::ostringstream msg;
       msg << "delaycomm: " << opTextLocked(*it) << " on group '" << options_.groupName << "': more than "
-          << options_.maxKeys << " reduced tensors were each seen once: the tensors are new storage on (almost) every call, so "
+          << options_.maxKeys << " reduced tensors were each seen once: the tensors are new storage on (almost) "
+          << "every call, so "
           << "they cannot be keyed as one stream by storage identity, and staleness never engages for them (they "
           << "are reduced fresh; the key table keeps the " << options_.maxKeys << " most recent). Key the stream "
           << "explicitly: for DDP, ddp.register_comm_hook(None, delaycomm.ddp_hook); otherwise "
