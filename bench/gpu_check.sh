@@ -15,7 +15,8 @@
 #   build         delaycomm with its CUDA sources against this python3's torch, into $WORK/pkg (sm_90 by default)
 #   import        the build loads, has its CUDA sources and its torch.backends entry point
 #   gpu_tests     pytest tests/gpu (every collective at world size 1 sync and async, DDP under torchrun bsp vs
-#                 ssp:2+ema with delay, NCCL's own INFO lines on NCCL_ALGO/NCCL_BUFFSIZE, a user's settings
+#                 ssp:2+ema with delay, FSDP2 under torchrun with its reduce-scatter stream stale on the device
+#                 (conservation under apply), NCCL's own INFO lines on NCCL_ALGO/NCCL_BUFFSIZE, a user's settings
 #                 winning), tests/delay/test_gpu.py (the sleep kernel), tests/kernels -m gpu; each test leaves its
 #                 evidence in $OUT/evidence
 #   kernel_bad_input  the CPU tests of the fused kernel, bad input included (they segfaulted on the GPU machine once)
@@ -28,8 +29,8 @@
 # `python3 bench/gpu_check_report.py report $OUT full 0` writes the JSON and summary from them.
 #
 # Time budget on an H200 with a 16-core host (estimates until the first run; the summary records each step's time
-# and its limit): build 90-150 s, import 5, gpu_tests 90, kernel_bad_input 10, percall 45, kernels 20, precision 20,
-# gate 30: about 5-6 minutes. --update-baseline adds the baseline, the unchanged rerun (the gate step) and the
+# and its limit): build 90-150 s, import 5, gpu_tests 100 (FSDP2: ~10 of it; 23 s on the 2-core CPU rehearsal),
+# kernel_bad_input 10, percall 45, kernels 20, precision 20, gate 30: about 5-6 minutes. --update-baseline adds the baseline, the unchanged rerun (the gate step) and the
 # injected run with its confirmation: about 1.5 minutes more. --gate: build, import, tests, gate: about 4 minutes.
 #
 # Environment: OUT (default ./out), PYTHON (default python3), GPU_BASELINE (default bench/baselines/gpu-h200.json),

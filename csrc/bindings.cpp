@@ -617,4 +617,15 @@ PYBIND11_MODULE(_C, m) {
   m.def("_set_blend_cpu_isa", &kernels::detail::setBlendCpuIsa, py::arg("isa"),
         "Force the CPU blend loops' instruction set: 'auto', 'baseline' or 'avx2' (tests and benchmarks).");
   // ---- end kernels ------------------------------------------------------------------------------------------------
+
+  // ---- staleness: scope keys of FSDP2's reductions (stale/FsdpScope.hpp, docs/staleness.md) -------------------
+  m.def(
+      "_stale_scope_key",
+      [](const std::string& scope, int64_t numel, at::ScalarType dtype, bool scatter) {
+        return StalenessEngine::scopeKey(scope, numel, dtype, scatter);
+      },
+      py::arg("scope"), py::arg("numel"), py::arg("dtype"), py::arg("scatter"),
+      "The staleness key of the stream that an FSDP2 reduction scope (e.g. 'FSDP::post_backward_reduce (0)') "
+      "reduces with tensors of numel elements of dtype (tests compute the delay schedule of that stream with it).");
+  // ---- end staleness scope keys ----------------------------------------------------------------------------------
 }

@@ -119,3 +119,29 @@ def test_an_unwritable_stats_path_fails_at_init_on_every_rank(tmp_path):
             head.format(cases[1], str(tmp_path / f"fifo.rank{rank}.json"), "exists and is not a regular file"),
             head.format(cases[2], str(tmp_path / str(rank) / "s.json"), "is in a directory that does not exist"),
         ], res[rank]
+
+
+_NEVER_DESTROYED = """
+import torch, torch.distributed as dist
+import delaycomm
+dist.init_process_group("delaycomm", init_method="file://{rdzv}", rank=0, world_size=1)
+t = torch.ones(2)
+dist.all_reduce(t)
+dist.all_reduce(t)
+"""  # exits without destroy_process_group, as PyTorch Lightning scripts do
+
+
+@pytest.mark.timeout(120)
+def test_a_group_never_destroyed_writes_its_stats_at_exit(tmp_path):
+    from tests.harness import run_cli
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
+    env["DELAYCOMM_STATS"] = str(tmp_path / "stats.json")
+    proc = run_cli(["-c", _NEVER_DESTROYED.format(rdzv=tmp_path / "rdzv")], env=env, timeout=100)
+    # NOTE: a process that exits with a Gloo group never destroyed aborts now and then in teardown, after the
+    # interpreter's exit handlers, with plain Gloo too (README, "Known issues"; 1 in 15 here for each): that is
+    # not what this test is about, and the stats are written before it.
+    upstream_abort = proc.returncode == -6 and "terminate called without an active exception" in proc.stderr
+    assert proc.returncode == 0 or upstream_abort, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "stats.json").read_text())
+    assert data["ops"]["allreduce"]["calls"] == 2, data["ops"]["allreduce"]

@@ -3,12 +3,31 @@
 #include "backend/Arguments.hpp"
 
 #include <algorithm>
+#include <optional>
 
+#include <ATen/ops/empty.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
 
 namespace delaycomm {
+
+namespace {
+
+// The factor of a PREMUL_SUM given as a number (FSDP2's gradient divide factor); nullopt for any other op, or
+// for a factor given as a tensor (reading it would synchronise with its device).
+std::optional<double> premulSumFactor(const c10d::ReduceOp& reduceOp) {
+  if (reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
+    return std::nullopt;
+  }
+  const auto* supplement = dynamic_cast<const c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+  if (supplement == nullptr || supplement->tensor_factor.defined()) {
+    return std::nullopt;
+  }
+  return supplement->double_factor;
+}
+
+}  // namespace
 
 DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                            c10::intrusive_ptr<c10d::Backend> cudaInner, BackendOptions options)
@@ -92,7 +111,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   if (staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
-    return runStale(tensors[0], stale_->keyOf(tensors[0]), opts.reduceOp == c10d::ReduceOp::AVG, opts);
+    return runStale(tensors[0], stale_->streamKey(tensors[0], /*scatter=*/false),
+                    opts.reduceOp == c10d::ReduceOp::AVG, opts);
   }
   return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
              [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
@@ -100,7 +120,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
 
 // The staleness engine takes a reduction when its op can be late at all: staleness is on, the delay schedule is
 // active and the op is among delay_ops (delay_ops=broadcast leaves all-reduces BSP), and it is a SUM/AVG of one
-// dense floating tensor outside a coalescing window (docs/staleness.md).
+// dense floating tensor outside a coalescing window, or for _reduce_scatter_base also a PREMUL_SUM by a number
+// (docs/staleness.md, "Which reductions go stale").
 bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
                                  const c10d::ReduceOp& reduceOp) const {
   const DelaySchedule* schedule = injector_->schedule();
@@ -112,8 +133,10 @@ bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tenso
   }
   const auto& t = tensors[0];
   const auto kind = reduceOp.op_;
+  // PREMUL_SUM(f) is a SUM scaled by f (FSDP2 with a gradient divide factor): reduce-scatter only.
+  const bool premul = op == OpKind::kReduceScatterBase && premulSumFactor(reduceOp).has_value();
   return !t.is_sparse() && at::isFloatingType(t.scalar_type()) &&
-         (kind == c10d::ReduceOp::SUM || kind == c10d::ReduceOp::AVG);
+         (kind == c10d::ReduceOp::SUM || kind == c10d::ReduceOp::AVG || premul);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64_t key, bool average,
@@ -125,6 +148,30 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64
   return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
              [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
              /*applyDelay=*/false);
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
+                                                                   const c10d::ReduceScatterOptions& opts) {
+  const int64_t n = getSize();
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * n, "delaycomm: _reduce_scatter_base: inputBuffer must hold "
+                    "outputBuffer's elements times the group size (", output.numel(), " x ", n, " = ",
+                    output.numel() * n, "), got ", input.numel());
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "delaycomm: _reduce_scatter_base: inputBuffer and "
+                    "outputBuffer must have one dtype, got ", input.scalar_type(), " and ", output.scalar_type());
+  const auto kind = opts.reduceOp.op_;
+  const double scale = kind == c10d::ReduceOp::AVG          ? 1.0 / static_cast<double>(n)
+                       : kind == c10d::ReduceOp::PREMUL_SUM ? *premulSumFactor(opts.reduceOp)
+                                                            : 1.0;
+  const uint64_t key = stale_->streamKey(input, /*scatter=*/true);
+  // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
+  // reduce-scatter input afterwards (README, "Bounded staleness").
+  stale_->prepareScaled(input, key, scale, /*scatter=*/true);
+  c10d::ReduceScatterOptions sumOpts = opts;
+  sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
+  return run(OpKind::kReduceScatterBase, input.device(), bytesOf(input), {output},
+             [output, input, sumOpts](c10d::Backend& b) mutable {
+               return b._reduce_scatter_base(output, input, sumOpts);
+             }, opts.asyncOp, /*applyDelay=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
@@ -151,6 +198,19 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
     return out;
   }
   for (auto& [key, local] : stale_->takeFlush()) {
+    if (stale_->scatters(key)) {
+      // A reduce-scatter stream: one SUM reduce-scatter delivers this rank's shard of everything pending (what
+      // the stream's next steps would have delivered to it), with the bytes of the stream's own reduce-scatter.
+      at::Tensor shard = at::empty({local.numel() / getSize()}, local.options());
+      auto work = run(OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
+                      [shard, local](c10d::Backend& b) mutable {
+                        c10d::ReduceScatterOptions sumOpts;
+                        return b._reduce_scatter_base(shard, local, sumOpts);
+                      }, true, /*applyDelay=*/false);
+      work->wait(options_.timeout);
+      out.emplace_back(key, shard);
+      continue;
+    }
     std::vector<at::Tensor> tensors{local};
     c10d::AllreduceOptions opts;
     auto work = run(OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
@@ -292,6 +352,9 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
                                                                   const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensor(OpKind::kReduceScatterBase, "inputBuffer", input);
   checkTensor(OpKind::kReduceScatterBase, "outputBuffer", output);
+  if (staleEligible(OpKind::kReduceScatterBase, {input}, opts.reduceOp)) {
+    return runStaleReduceScatter(output, input, opts);
+  }
   return run(OpKind::kReduceScatterBase, device, bytesOf(input), {output},
              [output, input, opts](c10d::Backend& b) mutable {
                return b._reduce_scatter_base(output, input, opts);

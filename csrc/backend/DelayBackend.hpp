@@ -144,8 +144,9 @@ class DelayBackend : public c10d::Backend {
   void shutdown() override;
 
   // Staleness (when configured): a SUM/AVG all-reduce of one floating tensor under an explicit key (DDP hook),
-  // and flush(): delivers every pending contribution, one SUM all-reduce per key with any pending anywhere
-  // (collective: every rank calls it at the same point); returns (key, delivered sum) pairs.
+  // and flush(): delivers every pending contribution, one SUM all-reduce per key with any pending anywhere (one
+  // SUM reduce-scatter for a reduce-scatter stream, which delivers this rank's shard) (collective: every rank
+  // calls it at the same point); returns (key, delivered sum) pairs.
   c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, uint64_t key, bool average);
   std::vector<std::pair<uint64_t, at::Tensor>> flush();
   StalenessEngine* staleness() { return stale_.get(); }
@@ -198,6 +199,10 @@ class DelayBackend : public c10d::Backend {
   // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
   c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
                                           const c10d::AllreduceOptions& opts);
+  // The stale path of _reduce_scatter_base (FSDP2's reduce-scatter): blend the full input in place
+  // (StalenessEngine::prepareScaled), then one SUM reduce-scatter of the original size.
+  c10::intrusive_ptr<c10d::Work> runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
+                                                       const c10d::ReduceScatterOptions& opts);
   // Whether reduction `op` of `tensors` goes through the staleness engine (see DelayBackend.cpp).
   bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
   c10d::Backend& innerFor(OpKind op, c10::Device device);

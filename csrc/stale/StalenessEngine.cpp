@@ -12,6 +12,7 @@
 #include <c10/util/Exception.h>
 
 #include "kernels/Blend.hpp"
+#include "stale/FsdpScope.hpp"
 
 namespace delaycomm {
 
@@ -59,6 +60,11 @@ StalenessEngine::StalenessEngine(int rank, int size, Options options, const Dela
     source_.kind = StepSource::Kind::kConfigured;
     source_.stepNs = stepNs_;
   }
+  fsdp_scope::acquire();
+}
+
+StalenessEngine::~StalenessEngine() {
+  fsdp_scope::release();
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -108,12 +114,13 @@ void StalenessEngine::checkPendingLocked(const KeyState& ks, uint64_t key, uint6
   for (int r = 0; r < size_; ++r) {
     const auto i = static_cast<size_t>(r);
     if (plan.k[i] > 0 && ks.pendingOf[i] - dueNow[i] >= options_.maxPending) {
-      TORCH_CHECK(false, "delaycomm: stale all_reduce on group '", options_.groupName, "': at step ", step, " of ",
-                  describeKeyLocked(key), ", rank ", r, "'s contribution is late again while it already has ",
-                  ks.pendingOf[i] - dueNow[i], " in flight: staleness=asp holds at most max_pending=",
-                  options_.maxPending, " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the "
-                  "delay or delay_fraction, or bound staleness with staleness=ssp:S. Every rank raises this error "
-                  "at this step; nothing of the step was applied");
+      TORCH_CHECK(false, "delaycomm: stale ", opTextLocked(key), " on group '", options_.groupName, "': at step ",
+                  step, " of ", describeKeyLocked(key), ", rank ", r,
+                  "'s contribution is late again while it already has ", ks.pendingOf[i] - dueNow[i],
+                  " in flight: staleness=asp holds at most max_pending=", options_.maxPending,
+                  " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the delay or delay_fraction, "
+                  "or bound staleness with staleness=ssp:S. Every rank raises this error at this step; nothing of "
+                  "the step was applied");
     }
   }
 }
@@ -124,8 +131,8 @@ void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, co
   // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
   C10_THROW_ERROR(
       DistBackendError,
-      c10::str("delaycomm: allreduce (step ", step, " of ", describeKeyLocked(key), ", group '", options_.groupName,
-               "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
+      c10::str("delaycomm: ", opTextLocked(key), " (step ", step, " of ", describeKeyLocked(key), ", group '",
+               options_.groupName, "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
                " ms (the group's timeout): rank ", late, "'s contribution is held back by an injected delay of ",
                msText(plan.delayNs[i]), " ms, of which ", options_.bound, " step(s) of staleness (step ",
                msText(stepNs), " ms) cover ", msText(options_.bound * stepNs), " ms and ", msText(plan.waitNs[i]),
@@ -133,6 +140,13 @@ void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, co
 }
 
 StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, bool average) {
+  return prepareScaled(t, key, average ? 1.0 / static_cast<double>(size_) : 1.0, /*scatter=*/false);
+}
+
+StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t key, double resultScale,
+                                                         bool scatter) {
+  TORCH_CHECK_VALUE(std::isfinite(resultScale), "delaycomm: stale reduction: the result scale (PREMUL_SUM factor) "
+                    "must be finite, got ", resultScale);
   std::vector<std::string> warnings;
   auto emitWarnings = [&] {
     if (onWarn) {
@@ -183,8 +197,8 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
   // Checks first: each raises on every rank alike, before this step changes anything.
   if (options_.policy != Policy::kDrop && !ks.arrivals.empty()) {
     TORCH_CHECK_VALUE(t.numel() == ks.numel && t.scalar_type() == ks.prototype.scalar_type(),
-                      "delaycomm: stale all_reduce: ", describeKeyLocked(key), " changed from ", ks.numel, " x ",
-                      ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
+                      "delaycomm: stale ", opTextLocked(key), ": ", describeKeyLocked(key), " changed from ",
+                      ks.numel, " x ", ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
                       " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
                       "delaycomm.stale_allreduce(key=...))");
   }
@@ -211,7 +225,8 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
   // The step.
   ks.step++;
   ks.seen++;
-  ks.average = average;
+  ks.resultScale = resultScale;
+  ks.scatter = scatter;
   ks.numel = t.numel();
   if (ks.prototype.scalar_type() != t.scalar_type() || ks.prototype.device() != t.device()) {
     ks.prototype = at::empty({0}, t.options());
@@ -252,7 +267,6 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
   const int64_t myK = plan.k[static_cast<size_t>(rank_)];
   const int64_t myWaitNs = plan.waitNs[static_cast<size_t>(rank_)];
   const double n = static_cast<double>(size_);
-  const double avg = average ? 1.0 / n : 1.0;
   const bool fresh = myK == 0;
   double a = 0.0;
   double b = 0.0;
@@ -278,8 +292,8 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
       }
       break;
   }
-  a *= avg;
-  b *= avg;
+  a *= resultScale;
+  b *= resultScale;
 
   std::optional<at::Tensor> stash;
   if (!fresh && options_.policy != Policy::kDrop) {
@@ -382,9 +396,7 @@ std::vector<std::pair<uint64_t, at::Tensor>> StalenessEngine::takeFlush() {
     ks.mine.clear();
     // As the policy delivers due contributions when no fresh one is present, and as the stream averages.
     double scale = options_.policy == Policy::kEma ? static_cast<double>(size_) / static_cast<double>(global) : 1.0;
-    if (ks.average) {
-      scale /= static_cast<double>(size_);
-    }
+    scale *= ks.resultScale;
     at::Tensor local = mine.empty() ? at::empty({ks.numel}, ks.prototype.options()) : at::empty_like(mine[0]);
     std::vector<double> scales(mine.size(), scale);
     kernels::fusedBlend(local, 0.0, mine, scales, std::nullopt);
@@ -392,6 +404,12 @@ std::vector<std::pair<uint64_t, at::Tensor>> StalenessEngine::takeFlush() {
     out.emplace_back(key, std::move(local));
   }
   return out;
+}
+
+bool StalenessEngine::scatters(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = keys_.find(key);
+  return it != keys_.end() && it->second.scatter;
 }
 
 int64_t StalenessEngine::pendingHere() const {

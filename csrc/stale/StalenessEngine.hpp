@@ -20,8 +20,10 @@
 
 namespace delaycomm {
 
-// Bounded staleness with stale-gradient blending, realised as one SUM reduction of the original size. Design
-// notes: docs/staleness.md (keys, step calibration, the SSP gate, flush, memory bounds).
+// Bounded staleness with stale-gradient blending, realised as one SUM reduction of the original size (an
+// all-reduce, or a reduce-scatter: the blend is elementwise, so it runs over the full reduce-scatter input and each
+// rank's shard of the SUM is the shard of the blended result). Design notes: docs/staleness.md (keys, step
+// calibration, the SSP gate, flush, memory bounds, reduce-scatter and FSDP2).
 //
 // A *key* names one stream of reductions (one DDP bucket); each call on a key is one step t. The delay schedule
 // (delay/Schedule.hpp) is shared: every rank computes, for every rank r, the delay d of r's contribution at
@@ -35,11 +37,15 @@ namespace delaycomm {
 //   drop:  (N / n_fresh) sum(fresh); late contributions are not kept (counted as dropped); zeros if n_fresh = 0
 //   ema:   N [(1 - alpha) mean(fresh) + alpha mean(due stale)] when stale ones are due, else (N / n_fresh) sum(fresh);
 //          n_fresh = 0: N mean(due stale), or zeros when none is due.
-// `average` (AVG) divides the result by N (folded into the pre-scaling, and into flush).
+// `average` (AVG) divides the result by N, and a result scale f (PREMUL_SUM(f), prepareScaled) multiplies it by f
+// (both folded into the pre-scaling, and into flush).
 //
-// Keys: explicit (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase, or, for plain
-// all_reduce calls, the storage identity of the tensor (storage object, offset, size, dtype, device), numbered
-// from kIdentityKeyBase in first-seen order, which is the same on every rank running the same program. A key defers nothing on its first step
+// Keys: explicit (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase; for reductions
+// inside an FSDP2 parameter group's gradient-reduction scope (stale/FsdpScope.hpp), the scope's name with the
+// tensor's size and dtype (keyOfScope: a hash, >= kScopeKeyBase, the same on every rank whatever the order); or,
+// for other all_reduce and reduce-scatter calls, the storage identity of the tensor (storage object, offset, size,
+// dtype, device), numbered from kIdentityKeyBase in first-seen order, which is the same on every rank running the
+// same program. A key defers nothing on its first step
 // (DDP rebuilds its buckets after the first iteration, so storages seen once are not streams). The key table
 // holds at most Options::maxKeys keys: the least recently used key with nothing pending is forgotten beyond that
 // (a stream whose tensor is new storage on every call cannot be keyed; warned once).
@@ -63,8 +69,10 @@ class StalenessEngine {
   enum class Mode { kSsp, kAsp };
   enum class Policy { kApply, kDrop, kEma };
 
-  // Explicit keys are < kIdentityKeyBase; storage-identity keys are numbered from it.
+  // Explicit keys are < kIdentityKeyBase; storage-identity keys are numbered from it; scope keys (FSDP2) are
+  // kScopeKeyBase + a 40-bit hash.
   static constexpr uint64_t kIdentityKeyBase = uint64_t{1} << 40;
+  static constexpr uint64_t kScopeKeyBase = uint64_t{1} << 41;
 
   struct Options {
     Mode mode = Mode::kSsp;
@@ -107,16 +115,35 @@ class StalenessEngine {
 
   StalenessEngine(int rank, int size, Options options, const DelaySchedule* schedule,
                   c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<GroupStats> stats);
+  ~StalenessEngine();
+  StalenessEngine(const StalenessEngine&) = delete;
+  StalenessEngine& operator=(const StalenessEngine&) = delete;
 
   // Key of a tensor by storage identity (see above).
   uint64_t keyOf(const at::Tensor& t);
-  // Rewrites `t` in place into this rank's contribution to key's next step; the caller then SUM-reduces it.
-  // average: the stream is an AVG (the result and flush are divided by N).
+  // Key of the stream that `scope` (an FSDP2 reduction scope's name) reduces with tensors like `t`: a hash of the
+  // name, size and dtype, so every rank computes the same key with no ordering assumption. scatter: the stream is
+  // a reduce-scatter (flush delivers it as one).
+  uint64_t keyOfScope(const std::string& scope, const at::Tensor& t, bool scatter);
+  // The key keyOfScope gives (a pure function: tests and tools compute the schedule of a scope's stream with it).
+  static uint64_t scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter);
+  // The key of a reduction of `t` issued now on the calling thread: keyOfScope inside an FSDP2 reduction scope
+  // (stale/FsdpScope.hpp), else keyOf. Raises NotImplementedError for HSDP's second stale stage: a stale
+  // all-reduce after a stale reduce-scatter in the same scope (docs/staleness.md, "HSDP"), on every rank alike.
+  uint64_t streamKey(const at::Tensor& t, bool scatter);
+  // Rewrites `t` in place into this rank's contribution to key's next step; the caller then SUM-reduces it (an
+  // all-reduce). average: the stream is an AVG (the result and flush are divided by N).
   StepInfo prepare(at::Tensor& t, uint64_t key, bool average);
+  // As prepare, for a stream whose result is multiplied by resultScale (1 / N for AVG, f for PREMUL_SUM(f));
+  // scatter: the caller SUM-reduce-scatters `t` (the full input) and flush delivers the key by reduce-scatter.
+  StepInfo prepareScaled(at::Tensor& t, uint64_t key, double resultScale, bool scatter);
+  // Whether key's stream is a reduce-scatter (flush delivers its pending sum as this rank's shard).
+  bool scatters(uint64_t key) const;
   // Every key with a contribution still pending anywhere, in key order, with this rank's local sum of its own
   // pending contributions (zeros when it has none) scaled as the policy delivers them when no fresh contribution
-  // is present, and as the stream averages. SUM-reducing each tensor delivers everything; nothing stays pending
-  // afterwards. Under drop nothing is pending (late contributions left in flight are counted as dropped).
+  // is present, and by the stream's result scale. SUM-reducing each tensor (all-reduce, or reduce-scatter for a
+  // key that scatters(): each rank keeps its shard) delivers everything; nothing stays pending afterwards. Under
+  // drop nothing is pending (late contributions left in flight are counted as dropped).
   std::vector<std::pair<uint64_t, at::Tensor>> takeFlush();
   int64_t pendingHere() const;
   int64_t pendingGlobal() const;
@@ -164,7 +191,9 @@ class StalenessEngine {
     std::deque<Pending> mine;              // this rank's deferred contributions, ordered by due step
     at::Tensor prototype;                  // dtype/device of the stream (no storage)
     int64_t numel = 0;                     // its size at the last step
-    bool average = false;                  // the stream averages (last step)
+    double resultScale = 1.0;              // the stream's result scale (last step): 1, 1 / N (AVG), f (PREMUL_SUM)
+    bool scatter = false;                  // a reduce-scatter stream (last step)
+    std::string scope;                     // set for scope keys: the FSDP2 scope's name
     std::optional<Identity> identity;      // set for storage-identity keys
     // Holds the StorageImpl's memory (not its data) so that no other storage gets its address while the key lives.
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storageRef;
@@ -196,6 +225,7 @@ class StalenessEngine {
   Plan planLocked(uint64_t key, uint64_t step, int64_t stepNs) const;
   void checkPendingLocked(const KeyState& ks, uint64_t key, uint64_t step, const Plan& plan) const;
   std::string describeKeyLocked(uint64_t key) const;
+  const char* opTextLocked(uint64_t key) const;
   void recordWindow(int64_t nFresh, int64_t nStale);
   double windowedRatioLocked() const;
   [[noreturn]] void throwGateTimeout(uint64_t key, uint64_t step, int late, const Plan& plan, int64_t stepNs) const;

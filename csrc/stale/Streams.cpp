@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "stale/FsdpScope.hpp"
 #include "stale/StalenessEngine.hpp"
 
 namespace delaycomm {
@@ -22,6 +23,15 @@ std::vector<uint8_t> bytesOf(const std::string& s) {
 
 std::string textOf(const std::vector<uint8_t>& b) {
   return std::string(b.begin(), b.end());
+}
+
+// FNV-1a, 64-bit: a hash that every rank computes alike (std::hash is not specified to).
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) {
+    h = (h ^ p[i]) * 0x100000001b3ull;
+  }
+  return h;
 }
 
 }  // namespace
@@ -69,6 +79,57 @@ uint64_t StalenessEngine::keyOf(const at::Tensor& t) {
   return it->second;
 }
 
+uint64_t StalenessEngine::scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter) {
+  // The stream is (scope, size, dtype): a parameter group whose set of gradients changes (a parameter without a
+  // gradient in some step) reduces a tensor of another size, which is another stream, not a changed one.
+  uint64_t h = fnv1a(0xcbf29ce484222325ull, scope.data(), scope.size());
+  const auto type = static_cast<int32_t>(dtype);
+  const uint8_t kind = scatter ? 1 : 0;
+  h = fnv1a(h, &numel, sizeof numel);
+  h = fnv1a(h, &type, sizeof type);
+  h = fnv1a(h, &kind, sizeof kind);
+  return kScopeKeyBase + (h & (kIdentityKeyBase - 1));
+}
+
+uint64_t StalenessEngine::keyOfScope(const std::string& scope, const at::Tensor& t, bool scatter) {
+  const uint64_t key = scopeKey(scope, t.numel(), t.scalar_type(), scatter);
+  std::lock_guard<std::mutex> lock(mutex_);
+  KeyState& ks = touchLocked(key, t);
+  if (ks.scope.empty()) {
+    ks.scope = scope;
+    ks.scatter = scatter;
+  }
+  return key;
+}
+
+uint64_t StalenessEngine::streamKey(const at::Tensor& t, bool scatter) {
+  const std::string* scope = fsdp_scope::current();
+  if (scope == nullptr) {
+    return keyOf(t);
+  }
+  if (scatter) {
+    fsdp_scope::noteReduceScatter();
+  } else {
+    // HSDP's all-reduce across replicas follows its shard group's reduce-scatter in the same FSDP2 scope; an
+    // all-reduce alone in a scope (FSDP2 over a replicate-only mesh, or HSDP with the reduce-scatter BSP) is the
+    // scope's one stale reduction.
+    TORCH_CHECK_NOT_IMPLEMENTED(
+        !fsdp_scope::reduceScattered(),
+        "delaycomm: staleness does not support HSDP (fully_shard on a 2-D mesh) with both stages stale: the "
+        "all-reduce across replicas in '", *scope, "' would go stale on its own schedule after its shard group's "
+        "reduce-scatter did. Use fully_shard on a 1-D mesh (every rank one shard group); or make one stage stale "
+        "with delay_ops (DELAYCOMM_DELAY_OPS): delay_ops=_reduce_scatter_base for staleness within each shard "
+        "group (the all-reduce across replicas synchronous), delay_ops=allreduce for staleness across replicas "
+        "(the reduce-scatter synchronous); or staleness=bsp");
+  }
+  return keyOfScope(*scope, t, scatter);
+}
+
+const char* StalenessEngine::opTextLocked(uint64_t key) const {
+  auto it = keys_.find(key);
+  return it != keys_.end() && it->second.scatter ? "reduce_scatter" : "all_reduce";
+}
+
 // Forgets the least recently used keys with nothing pending beyond maxKeys (docs/staleness.md, "Memory"). The
 // order depends only on the sequence of keys, so every rank forgets the same keys at the same call.
 void StalenessEngine::evictLocked(std::string* warning) {
@@ -84,8 +145,9 @@ void StalenessEngine::evictLocked(std::string* warning) {
     if (st.identity && st.seen <= 1 && !warnedUnengaged_) {
       warnedUnengaged_ = true;
       std::ostringstream msg;
-      msg << "delaycomm: all_reduce on group '" << options_.groupName << "': more than " << options_.maxKeys
-          << " all-reduced tensors were each seen once: the tensors are new storage on (almost) every call, so "
+      msg << "delaycomm: " << opTextLocked(*it) << " on group '" << options_.groupName << "': more than "
+          << options_.maxKeys << " reduced tensors were each seen once: the tensors are new storage on (almost) "
+          << "every call, so "
           << "they cannot be keyed as one stream by storage identity, and staleness never engages for them (they "
           << "are reduced fresh; the key table keeps the " << options_.maxKeys << " most recent). Key the stream "
           << "explicitly: for DDP, ddp.register_comm_hook(None, delaycomm.ddp_hook); otherwise "
@@ -104,6 +166,15 @@ std::string StalenessEngine::describeKeyLocked(uint64_t key) const {
   std::ostringstream s;
   if (key < kIdentityKeyBase) {
     s << "key " << key;
+    return s.str();
+  }
+  if (key >= kScopeKeyBase) {
+    auto it = keys_.find(key);
+    s << "'" << (it != keys_.end() ? it->second.scope : std::string("?")) << "'";
+    if (it != keys_.end()) {
+      s << " (" << (it->second.scatter ? "reduce_scatter " : "all_reduce ") << it->second.numel << " x "
+        << it->second.prototype.scalar_type() << " on " << it->second.prototype.device() << ")";
+    }
     return s.str();
   }
   s << "tensor #" << (key - kIdentityKeyBase) << " (keyed by storage";

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -26,6 +27,9 @@ _lock = threading.Lock()
 # group name -> (DelayBackend, EffectiveConfig) of every live group; stats() and report() read it. An entry leaves
 # when its group shuts down (destroy_process_group).
 _groups: dict[str, tuple[Any, EffectiveConfig]] = {}
+# Group name -> stats path of the live groups whose stats are still to be written: at destroy, or at interpreter
+# exit for a group never destroyed (PyTorch Lightning, and many scripts, exit without destroy_process_group).
+_stats_due: dict[str, str] = {}
 # What delaycomm set for NCCL, and what NCCL saw when its first communicator was possible.
 _nccl_state: dict[str, Any] = {"set_by_us": {}, "first_values": None, "report": {}}
 
@@ -191,6 +195,9 @@ def create_backend(dist_opts, pg_options):
         _groups[group_name] = (backend, cfg)
     backend_ref = weakref.ref(backend)  # the hook must not keep its own backend alive
     backend._set_shutdown_hook(lambda: _on_shutdown(group_name, stats_path, backend_ref()))
+    if stats_path is not None:
+        with _lock:
+            _stats_due[group_name] = stats_path
     logger.info(
         "delaycomm: group %r rank %d/%d: %s", group_name, rank, size,
         ", ".join(f"{k}={v!r} ({cfg.sources[k]})" for k, v in cfg.values.items()),
@@ -298,8 +305,22 @@ def _on_shutdown(group_name: str, stats_path: str | None, backend) -> None:
         entry = _groups.get(group_name)
         if entry is not None and entry[0] is backend:
             del _groups[group_name]
+            _stats_due.pop(group_name, None)
     if backend is not None and stats_path is not None:
         _write_stats(stats_path, group_name, backend)
+
+
+@atexit.register
+def _write_stats_at_exit() -> None:
+    """Writes the stats of the groups that were never destroyed (their shutdown hook never ran)."""
+    with _lock:
+        due = [(name, path, _groups[name][0]) for name, path in _stats_due.items() if name in _groups]
+        _stats_due.clear()
+    for name, path, backend in due:
+        try:
+            _write_stats(path, name, backend)
+        except Exception as e:  # noqa: BLE001 - at exit there is no caller to raise to
+            logger.warning("delaycomm: could not write the stats of group %r to %s at exit: %s", name, path, e)
 
 
 def _write_stats(path: str, group_name: str, backend) -> None:

@@ -124,7 +124,7 @@ def _step_text(st: dict[str, Any]) -> str:
         return f"step: {st['step_ms']:.3f} ms (step_ms)"
     if source == "calibrated":
         return (f"step: {st['step_ms']:.3f} ms (step_ms=auto: median of {st['step_intervals']} intervals of "
-                f"{st['step_key']} on rank 0, agreed at all-reduce #{st['step_call']})")
+                f"{st['step_key']} on rank 0, agreed at stale reduction #{st['step_call']})")
     return "step: not calibrated yet (step_ms=auto; nothing is deferred until a stream recurs)"
 
 

@@ -71,6 +71,11 @@ def test_quick_configs_differ_only_in_communication(quick):
         st = recs[name]["metrics"]["staleness"]
         assert st["steps"] == recs[name]["metrics"]["steps"] and st["stale"] > 0 and st["dropped"] == 0, name
     assert recs["asp-drop"]["metrics"]["staleness"]["dropped"] > 0
+    # FSDP2: the same model's gradients reduce-scattered, one stream per parameter group (the MLP's two Linear
+    # layers; its root holds none), each step of each stream one stale step.
+    assert recs["fsdp2-bsp-delay"]["metrics"]["delayed_calls"] > 0
+    st = recs["fsdp2-ssp2-ema"]["metrics"]["staleness"]
+    assert st["steps"] == 2 * recs["fsdp2-ssp2-ema"]["metrics"]["steps"] and st["stale"] > 0, st
 
 
 def _hyper(**kw):

@@ -26,6 +26,9 @@ class ExperimentConfig:
         options: DelayConfig keywords (without ``delay`` and ``seed``, which the experiment supplies).
         uses_delay: the config takes the experiment's delay spec (``--delay``).
         description: one line for the table and the docs.
+        parallel: how the model is distributed: ``"ddp"`` (DistributedDataParallel; the stale configs register
+            ``delaycomm.ddp_hook``) or ``"fsdp2"`` (``fully_shard`` on every Linear layer and the root: gradients
+            are reduce-scattered, keyed by FSDP2's reduction scope).
     """
 
     name: str
@@ -33,6 +36,7 @@ class ExperimentConfig:
     options: Mapping[str, Any]
     uses_delay: bool
     description: str
+    parallel: str = "ddp"
 
 
 CONFIGS: tuple[ExperimentConfig, ...] = (
@@ -48,6 +52,10 @@ CONFIGS: tuple[ExperimentConfig, ...] = (
                      "delay under ASP; late gradients applied when they arrive"),
     ExperimentConfig("asp-drop", "delaycomm", {"staleness": "asp", "stale_policy": "drop"}, True,
                      "delay under ASP; late gradients dropped"),
+    ExperimentConfig("fsdp2-bsp-delay", "delaycomm", {}, True,
+                     "FSDP2 (fully_shard): network delay on a fraction of calls, paid as waiting", "fsdp2"),
+    ExperimentConfig("fsdp2-ssp2-ema", "delaycomm", {"staleness": "ssp:2", "stale_policy": "ema"}, True,
+                     "FSDP2: the reduce-scatters' delay under SSP(2), late gradients blended by EMA", "fsdp2"),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
 

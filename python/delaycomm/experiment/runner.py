@@ -91,7 +91,7 @@ class Runner:
         job = {
             "backend": config.backend, "options": options, "model": hp.model, "epochs": hp.epochs,
             "batch_size": hp.batch_size, "lr": hp.lr, "momentum": hp.momentum, "seed": hp.seed,
-            "budget_s": hp.budget_s, "timeout_s": hp.timeout_s, "progress_every": 5,
+            "budget_s": hp.budget_s, "timeout_s": hp.timeout_s, "progress_every": 5, "parallel": config.parallel,
         }
         prefix = f"delaycomm-experiment/{self._runs}-{config.name}/"
         started = time.monotonic()

@@ -72,6 +72,24 @@ def _evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[float
     return loss, acc
 
 
+def _distribute(model: nn.Module, parallel: str, stale: bool) -> nn.Module:
+    """The model as the config distributes it (ExperimentConfig.parallel); what the training loop calls."""
+    if parallel == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        # Every Linear layer its own parameter group, the root the rest; FSDP2's reduction scopes key the streams
+        # (docs/staleness.md), so no hook is needed. NOTE: evaluation then all-gathers: every rank evaluates.
+        for layer in model.modules():
+            if isinstance(layer, nn.Linear) and layer is not model:
+                fully_shard(layer)
+        return fully_shard(model)
+    ddp = DistributedDataParallel(model)
+    if stale:
+        # The staleness engine needs a stable key per DDP bucket: delaycomm's hook keys by bucket.index().
+        ddp.register_comm_hook(state=None, hook=delaycomm.ddp_hook)
+    return ddp
+
+
 def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarray], post) -> dict[str, Any]:
     x_train = torch.from_numpy(data["x_train"])
     y_train = torch.from_numpy(data["y_train"])
@@ -80,11 +98,8 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     n_classes = int(data["n_classes"])
     model = build_model(job["model"], x_train.shape[1], n_classes, job["seed"])
     initial_train_loss, _ = _evaluate(model, x_train, y_train)
-    ddp = DistributedDataParallel(model)
     stale = job["options"].get("staleness", "bsp") not in ("bsp", "ssp:0")
-    if stale:
-        # The staleness engine needs a stable key per DDP bucket: delaycomm's hook keys by bucket.index().
-        ddp.register_comm_hook(state=None, hook=delaycomm.ddp_hook)
+    ddp = _distribute(model, job.get("parallel", "ddp"), stale)
     opt = torch.optim.SGD(model.parameters(), lr=job["lr"], momentum=job["momentum"])
     stop_group = dist.new_group(backend="gloo") if job["budget_s"] is not None else None
     if job["backend"] == "delaycomm":
