@@ -71,6 +71,9 @@ def future_timeout(rank, world_size, init_method, timeout_s=3.0):
     work = dist.all_reduce(torch.ones(4), async_op=True)
     out = _outcome(lambda: work.get_future().wait())
     out["completed"] = work.is_completed()
+    # Exit destroys the group, which issues rank 0's held op: wait until rank 1 has surely timed out, or that op
+    # could still complete rank 1's all-reduce just in time (as ddp_timeout does).
+    time.sleep(timeout_s + 1.0)
     return out
 
 
