@@ -20,8 +20,8 @@ from typing import Any
 
 from delaycomm import _ops
 
-__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "OPTIONS",
-           "DELAYABLE_OPS"]
+__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "parse_delay",
+           "OPTIONS", "DELAYABLE_OPS"]
 
 ENV_PREFIX = "DELAYCOMM_"
 
@@ -116,6 +116,19 @@ def _parse_delay(v: Any) -> str:
     except ValueError as e:
         raise _Invalid(None, delay_spec_error(str(e))) from None
     return text
+
+
+def parse_delay(v: Any) -> str:
+    """A delay spec checked by the native parser: ``none`` (for ``none``, ``off``, ``0``) or the spec, stripped.
+
+    Raises:
+        ValueError: what is wrong, as the option's message says it after the option's name (what is accepted, or
+            what the native parser found wrong); the caller names the argument and the value.
+    """
+    try:
+        return _parse_delay(v)
+    except _Invalid as e:
+        raise ValueError(e.why) from None
 
 
 def delay_spec_error(message: str) -> str:
