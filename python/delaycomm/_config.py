@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from delaycomm import _ops
+from delaycomm._tools import units
 
 __all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "parse_delay",
            "OPTIONS", "DELAYABLE_OPS"]
@@ -269,26 +270,15 @@ def _parse_nccl_algo(v: Any) -> str:
     return s
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-
-
 def _parse_bytes(v: Any) -> int:
     accepted = ("a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
                 "(NCCL keeps it in a C int)")
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise _Invalid(accepted)
-    if isinstance(v, int):
-        n = v
-    elif isinstance(v, str):
-        m = re.fullmatch(r"\s*(\d{1,30})\s*([a-zA-Z]*)\s*", v)
-        if not m or m.group(2).lower() not in _SIZE_UNITS:
-            raise _Invalid(accepted)
-        n = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    else:
-        raise _Invalid(accepted)
-    if n <= 0 or n > MAX_NCCL_BUFFSIZE:
-        raise _Invalid(accepted)
-    return n
+    try:
+        return units.parse_size(str(v), max_bytes=MAX_NCCL_BUFFSIZE)
+    except ValueError:
+        raise _Invalid(accepted) from None
 
 
 STATS_FIELDS = ("rank", "group")
