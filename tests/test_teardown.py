@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 
 import delaycomm  # noqa: F401  (registers the backend)
-from delaycomm._backend import backend_of
+from delaycomm._registry import backend_of
 from tests.delay._mp import spawn
 
 

@@ -134,9 +134,10 @@ class DirectWorkCpu : public c10d::Work {
 // The Work for a CUDA op: the inner (NCCL) work is issued at once, stream-ordered; this wrapper only adds
 // timing. A start event is recorded on the current stream before the op was issued; the end event is recorded
 // on the current stream when the caller synchronises with the op (wait()/synchronize()), i.e. right after the
-// current stream was made to wait for the collective. The pair goes to the group's stats (CudaTimings, shared
-// with this work, so waiting after destroy_process_group is safe), which harvest it lazily: the hot path never
-// blocks the host.
+// current stream was made to wait for the collective. The pair goes to the group's stats (GroupStats'
+// CudaTimings, shared with this work, so waiting after destroy_process_group is safe); harvestCudaTimings() folds
+// completed pairs into the histograms later (when the next CUDA op is issued, and when stats are read or reset):
+// the hot path never blocks the host.
 class DelayWorkCuda : public c10d::Work {
  public:
   DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats,

@@ -9,9 +9,10 @@ from __future__ import annotations
 import torch.distributed  # noqa: F401  (registers the c10d classes that _C derives from)
 
 from delaycomm import _C, schedule  # noqa: F401  (delaycomm.schedule.EpochWarmup)
-from delaycomm._backend import nccl_settings, register
+from delaycomm._backend import register
 from delaycomm._config import DelayConfig, configure, resolve
 from delaycomm._delay import DelayFit, DelaySampler, fit
+from delaycomm._nccl import nccl_settings
 from delaycomm._stats import report, reset_stats, stats
 from delaycomm.stale import ddp_hook, flush, stale_allreduce
 

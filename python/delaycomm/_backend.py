@@ -10,138 +10,29 @@ import threading
 import warnings
 import weakref
 from datetime import timedelta
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ops
+from delaycomm import _C, _nccl, _ops, _registry
 from delaycomm._agree import agree
 from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve, stats_file
+from delaycomm._stats import group_stats
 
 logger = logging.getLogger("delaycomm")
 
-__all__ = ["create_backend", "nccl_settings", "register", "live_backends", "backend_of"]
+__all__ = ["create_backend", "register", "stats_target"]
 
 _lock = threading.Lock()
-# group name -> (DelayBackend, EffectiveConfig) of every live group; stats() and report() read it. An entry leaves
-# when its group shuts down (destroy_process_group).
-_groups: dict[str, tuple[Any, EffectiveConfig]] = {}
 # Group name -> stats path of the live groups whose stats are still to be written: at destroy, or at interpreter
 # exit for a group never destroyed (PyTorch Lightning, and many scripts, exit without destroy_process_group).
 _stats_due: dict[str, str] = {}
-# What delaycomm set for NCCL, and what NCCL saw when its first communicator was possible.
-_nccl_state: dict[str, Any] = {"set_by_us": {}, "first_values": None, "report": {}}
 
 
 def register() -> None:
     """Register ``delaycomm`` with torch.distributed (idempotent)."""
     if "delaycomm" not in dist.Backend.backend_list:
         dist.Backend.register_backend("delaycomm", create_backend, extended_api=True, devices=["cpu", "cuda"])
-
-
-def _other_nccl_groups_exist() -> bool:
-    """True when an NCCL process group not made by delaycomm exists (its communicators may already run)."""
-    try:
-        world = dist.distributed_c10d._world
-        for pg in list(world.pg_map):
-            try:
-                if pg._get_backend(torch.device("cuda")).__class__.__name__ == "ProcessGroupNCCL":
-                    return True
-            except Exception:  # noqa: BLE001 - a group without a cuda backend
-                continue
-    except Exception:  # noqa: BLE001
-        return False
-    return False
-
-
-def _apply_nccl_settings(cfg: EffectiveConfig) -> None:
-    """Set NCCL_ALGO / NCCL_BUFFSIZE before the inner ProcessGroupNCCL exists (SPEC §6).
-
-    A user's own variable wins and is reported. NCCL reads NCCL_ALGO when a communicator is created and caches
-    NCCL_BUFFSIZE at its first read in the process: when NCCL may already be running, a changed value is reported
-    as too late.
-    """
-    wanted = {"NCCL_ALGO": None if cfg.nccl_algo == "auto" else cfg.nccl_algo,
-              "NCCL_BUFFSIZE": str(cfg.nccl_buffsize)}
-    set_by_us = _nccl_state["set_by_us"]
-    started = _nccl_state["first_values"] is not None or _other_nccl_groups_exist()
-    report = {}
-    for var, value in wanted.items():
-        current = os.environ.get(var)
-        if current is not None and set_by_us.get(var) != current:
-            if value is not None and current != value:
-                logger.info("delaycomm: %s=%s from the user's environment wins over delaycomm's %s", var, current, value)
-            report[var] = {"value": current, "source": "user environment"}
-            continue
-        if value is None:
-            if current is not None:  # we set it earlier, the new group asks for NCCL's own choice
-                del os.environ[var]
-                set_by_us.pop(var, None)
-            report[var] = {"value": None, "source": "auto (NCCL's tuner)"}
-            continue
-        if started and current != value:
-            first = (_nccl_state["first_values"] or {}).get(var)
-            if var == "NCCL_BUFFSIZE":
-                logger.warning(
-                    "delaycomm: %s=%s is set too late: NCCL caches it at its first read in this process "
-                    "(value then: %s); set nccl_buffsize before the first NCCL group", var, value, first)
-            else:
-                logger.warning(
-                    "delaycomm: %s=%s applies to NCCL communicators created from now on; communicators that "
-                    "exist keep %s", var, value, first)
-        os.environ[var] = value
-        set_by_us[var] = value
-        report[var] = {"value": value, "source": "delaycomm (nccl_algo)" if var == "NCCL_ALGO"
-                       else "delaycomm (nccl_buffsize)"}
-    if _nccl_state["first_values"] is None:
-        _nccl_state["first_values"] = {k: v["value"] for k, v in report.items()}
-    _nccl_state["report"] = report
-
-
-def nccl_settings() -> dict[str, Any]:
-    """The NCCL settings in effect for delaycomm's NCCL groups.
-
-    Returns:
-        ``{"NCCL_ALGO": {"value", "source"}, "NCCL_BUFFSIZE": {...}, "nccl_version": str | None}``. Before any
-        delaycomm NCCL group exists, the values that the next one would get (from the process-wide config and
-        the environment).
-    """
-    report = dict(_nccl_state["report"])
-    if not report:
-        cfg = resolve()
-        for var, value, name in (("NCCL_ALGO", None if cfg.nccl_algo == "auto" else cfg.nccl_algo, "nccl_algo"),
-                                 ("NCCL_BUFFSIZE", str(cfg.nccl_buffsize), "nccl_buffsize")):
-            if os.environ.get(var) is not None and _nccl_state["set_by_us"].get(var) != os.environ[var]:
-                report[var] = {"value": os.environ[var], "source": "user environment"}
-            elif value is None:
-                report[var] = {"value": None, "source": "auto (NCCL's tuner)"}
-            else:
-                report[var] = {"value": value, "source": f"delaycomm ({name}), not applied yet"}
-    version = None
-    if torch.cuda.is_available():
-        try:
-            v = torch.cuda.nccl.version()
-            version = ".".join(str(x) for x in v) if isinstance(v, tuple) else str(v)
-        except Exception:  # noqa: BLE001
-            version = None
-    report["nccl_version"] = version
-    return report
-
-
-def _make_nccl(store, rank: int, size: int, timeout: timedelta, dist_opts, cfg: EffectiveConfig):
-    if not (torch.cuda.is_available() and dist.is_nccl_available()):
-        return None
-    _apply_nccl_settings(cfg)
-    opts = dist.ProcessGroupNCCL.Options()
-    opts._timeout = timeout
-    opts.is_high_priority_stream = False
-    try:
-        opts.global_ranks_in_group = list(dist_opts.global_ranks_in_group)
-        opts.group_name = str(dist_opts.group_id)
-    except Exception:  # noqa: BLE001 - older torch
-        pass
-    return dist.ProcessGroupNCCL(dist.PrefixStore("delaycomm/nccl/", store), rank, size, opts)
 
 
 def create_backend(dist_opts, pg_options):
@@ -181,7 +72,7 @@ def create_backend(dist_opts, pg_options):
     agree(store, rank, size, timeout, group_name, _global_ranks(dist_opts), cfg, error)
 
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("delaycomm/gloo/", store), rank, size, timeout)
-    nccl = _make_nccl(store, rank, size, timeout, dist_opts, cfg)
+    nccl = _nccl.make_group(store, rank, size, timeout, dist_opts, cfg)
 
     native = _C.BackendOptions()
     native.timeout = timeout
@@ -191,8 +82,7 @@ def create_backend(dist_opts, pg_options):
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
-    with _lock:
-        _groups[group_name] = (backend, cfg)
+    _registry.add(group_name, backend, cfg)
     backend_ref = weakref.ref(backend)  # the hook must not keep its own backend alive
     backend._set_shutdown_hook(lambda: _on_shutdown(group_name, stats_path, backend_ref()))
     if stats_path is not None:
@@ -301,11 +191,11 @@ def stats_target(cfg: EffectiveConfig, dist_opts) -> str | None:
 
 
 def _on_shutdown(group_name: str, stats_path: str | None, backend) -> None:
-    with _lock:
-        entry = _groups.get(group_name)
-        if entry is not None and entry[0] is backend:
-            del _groups[group_name]
+    entry = _registry.live_backends().get(group_name)
+    if entry is not None and entry[0] is backend:  # a newer group of that name keeps its stats due
+        with _lock:
             _stats_due.pop(group_name, None)
+    _registry.remove(group_name, backend)
     if backend is not None and stats_path is not None:
         _write_stats(stats_path, group_name, backend)
 
@@ -313,8 +203,9 @@ def _on_shutdown(group_name: str, stats_path: str | None, backend) -> None:
 @atexit.register
 def _write_stats_at_exit() -> None:
     """Writes the stats of the groups that were never destroyed (their shutdown hook never ran)."""
+    live = _registry.live_backends()
     with _lock:
-        due = [(name, path, _groups[name][0]) for name, path in _stats_due.items() if name in _groups]
+        due = [(name, path, live[name][0]) for name, path in _stats_due.items() if name in live]
         _stats_due.clear()
     for name, path, backend in due:
         try:
@@ -324,35 +215,9 @@ def _write_stats_at_exit() -> None:
 
 
 def _write_stats(path: str, group_name: str, backend) -> None:
-    from delaycomm._stats import group_stats
-
     data = group_stats(backend, group_name)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
     os.replace(tmp, path)
     logger.info("delaycomm: wrote stats of group %r to %s", group_name, path)
-
-
-def live_backends() -> dict[str, tuple[Any, EffectiveConfig]]:
-    """Group name -> (DelayBackend, config) for every delaycomm group still alive."""
-    with _lock:
-        return dict(_groups)
-
-
-def backend_of(group) -> Any:
-    """The DelayBackend behind a ProcessGroup (unwrapping TORCH_DISTRIBUTED_DEBUG's wrapper).
-
-    Raises:
-        ValueError: the group is not a delaycomm group.
-    """
-    for device in ("cpu", "cuda"):
-        try:
-            b = group._get_backend(torch.device(device))
-        except Exception:  # noqa: BLE001
-            continue
-        while b is not None and not isinstance(b, _C.DelayBackend):
-            b = getattr(b, "wrapped_pg", None)
-        if isinstance(b, _C.DelayBackend):
-            return b
-    raise ValueError(f"delaycomm: group {getattr(group, 'group_name', group)!r} is not a delaycomm group")

@@ -19,9 +19,10 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from delaycomm import _ops
+from delaycomm._tools import units
 
-__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "OPTIONS",
-           "DELAYABLE_OPS"]
+__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "parse_delay",
+           "OPTIONS", "DELAYABLE_OPS"]
 
 ENV_PREFIX = "DELAYCOMM_"
 
@@ -116,6 +117,19 @@ def _parse_delay(v: Any) -> str:
     except ValueError as e:
         raise _Invalid(None, delay_spec_error(str(e))) from None
     return text
+
+
+def parse_delay(v: Any) -> str:
+    """A delay spec checked by the native parser: ``none`` (for ``none``, ``off``, ``0``) or the spec, stripped.
+
+    Raises:
+        ValueError: what is wrong, as the option's message says it after the option's name (what is accepted, or
+            what the native parser found wrong); the caller names the argument and the value.
+    """
+    try:
+        return _parse_delay(v)
+    except _Invalid as e:
+        raise ValueError(e.why) from None
 
 
 def delay_spec_error(message: str) -> str:
@@ -256,26 +270,15 @@ def _parse_nccl_algo(v: Any) -> str:
     return s
 
 
-_SIZE_UNITS = {"": 1, "b": 1, "k": 1024, "kib": 1024, "m": 1 << 20, "mib": 1 << 20, "g": 1 << 30, "gib": 1 << 30}
-
-
 def _parse_bytes(v: Any) -> int:
     accepted = ("a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
                 "(NCCL keeps it in a C int)")
-    if isinstance(v, bool):
+    if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise _Invalid(accepted)
-    if isinstance(v, int):
-        n = v
-    elif isinstance(v, str):
-        m = re.fullmatch(r"\s*(\d{1,30})\s*([a-zA-Z]*)\s*", v)
-        if not m or m.group(2).lower() not in _SIZE_UNITS:
-            raise _Invalid(accepted)
-        n = int(m.group(1)) * _SIZE_UNITS[m.group(2).lower()]
-    else:
-        raise _Invalid(accepted)
-    if n <= 0 or n > MAX_NCCL_BUFFSIZE:
-        raise _Invalid(accepted)
-    return n
+    try:
+        return units.parse_size(str(v), max_bytes=MAX_NCCL_BUFFSIZE)
+    except ValueError:
+        raise _Invalid(accepted) from None
 
 
 STATS_FIELDS = ("rank", "group")
@@ -361,12 +364,14 @@ OPTIONS: tuple[Option, ...] = (
     Option("seed", _parse_int(0, 2**63 - 1, "an integer in [0, 2^63)"), 0,
            "seed of the delay schedule (a pure function of seed, rank and op sequence)"),
     Option("staleness", _parse_staleness, "bsp", f"consistency: bsp, ssp:S (S <= {MAX_SSP_BOUND}), asp"),
-    Option("stale_policy", _parse_choice("ema", "apply", "drop"), "ema", "what a late contribution does: ema, apply, drop"),
+    Option("stale_policy", _parse_choice("ema", "apply", "drop"), "ema",
+           "what a late contribution does: ema, apply, drop"),
     Option("ema_alpha", _parse_float(0.0, 1.0, True, False), 0.1, "blend weight of stale contributions, in (0, 1]"),
     Option("step_ms", _parse_step_ms, "auto", "nominal step time that turns a delay into steps of staleness"),
     Option("max_pending", _parse_int(1, 1 << 20, "an integer in [1, 1048576]"), 64,
            "under asp: most deferred contributions per key before an error"),
-    Option("nccl_algo", _parse_nccl_algo, "allreduce:tree", "NCCL_ALGO to set before NCCL starts; auto leaves it alone"),
+    Option("nccl_algo", _parse_nccl_algo, "allreduce:tree",
+           "NCCL_ALGO to set before NCCL starts; auto leaves it alone"),
     Option("nccl_buffsize", _parse_bytes, 2097152, "NCCL_BUFFSIZE in bytes to set before NCCL starts"),
     Option("stats", _parse_stats, "none",
            "where each rank writes its groups' stats as JSON when they are destroyed: a file ({rank}, {group}) or "

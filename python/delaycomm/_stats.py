@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import os
-import re
 import socket
 from typing import Any
 
-import torch
+from delaycomm._registry import backend_of, live_backends
+from delaycomm._tools import table
+from delaycomm._tools.table import Column
 
 __all__ = ["stats", "reset_stats", "report", "group_stats"]
 
@@ -37,8 +38,6 @@ def stats(group=None) -> dict[str, Any]:
     Raises:
         ValueError: ``group`` is not a delaycomm group.
     """
-    from delaycomm._backend import backend_of, live_backends
-
     if group is not None:
         backend = backend_of(group)
         return group_stats(backend, str(getattr(group, "group_name", "")))
@@ -47,8 +46,6 @@ def stats(group=None) -> dict[str, Any]:
 
 def reset_stats(group=None) -> None:
     """Zero the telemetry of ``group`` (None: every live delaycomm group)."""
-    from delaycomm._backend import backend_of, live_backends
-
     if group is not None:
         backend_of(group).reset_stats()
         return
@@ -56,50 +53,31 @@ def reset_stats(group=None) -> None:
         b.reset_stats()
 
 
+def _latency(key: str) -> Column:
+    return Column(key.removesuffix("_us"), "us", lambda r: r[1]["latency"][key], "{:.1f}", width=10)
+
+
+def _delay(key: str) -> Column:
+    return Column("delay " + key.removesuffix("_us"), "us", lambda r: r[1]["delay"][key], "{:.1f}", width=10)
+
+
+# One row per op: (op name, that op's dict of stats()).
 _COLUMNS = (
-    # (header, unit, key path, format)
-    ("op", "", None, "{:<24}"),
-    ("calls", "", ("calls",), "{:>9}"),
-    ("bytes", "B", ("bytes",), "{:>12}"),
-    ("p50", "us", ("latency", "p50_us"), "{:>10.1f}"),
-    ("p90", "us", ("latency", "p90_us"), "{:>10.1f}"),
-    ("p99", "us", ("latency", "p99_us"), "{:>10.1f}"),
-    ("p999", "us", ("latency", "p999_us"), "{:>10.1f}"),
-    ("max", "us", ("latency", "max_us"), "{:>10.1f}"),
-    ("delayed", "", ("delayed_calls",), "{:>8}"),
-    ("delay p50", "us", ("delay", "p50_us"), "{:>10.1f}"),
-    ("delay p99", "us", ("delay", "p99_us"), "{:>10.1f}"),
-    ("errors", "", ("errors",), "{:>7}"),
+    Column("op", value=lambda r: r[0], align="<", width=24),
+    Column("calls", value=lambda r: r[1]["calls"], width=9),
+    Column("bytes", "B", lambda r: r[1]["bytes"], width=12),
+    *(_latency(k) for k in ("p50_us", "p90_us", "p99_us", "p999_us", "max_us")),
+    Column("delayed", value=lambda r: r[1]["delayed_calls"], width=8),
+    _delay("p50_us"),
+    _delay("p99_us"),
+    Column("errors", value=lambda r: r[1]["errors"], width=7),
 )
-
-
-def _width(fmt: str) -> int:
-    return int(re.search(r"[<>](\d+)", fmt).group(1))
 
 
 def format_table(data: dict[str, Any]) -> str:
     """Format one group's stats (as :func:`stats` returns them for a group) as a fixed-column table."""
-    lines = [f"# delaycomm group {data.get('group', '?')!r} rank {data.get('rank')}/{data.get('world_size')}"]
-    header = []
-    units = []
-    for name, unit, _, fmt in _COLUMNS:
-        w = _width(fmt)
-        align = "<" if fmt.startswith("{:<") else ">"
-        header.append(f"{name:{align}{w}}")
-        units.append(f"{('(' + unit + ')') if unit else '':{align}{w}}")
-    lines.append("# " + " ".join(header))
-    lines.append("# " + " ".join(units))
-    for op, row in sorted(data.get("ops", {}).items()):
-        cells = []
-        for _, _, path, fmt in _COLUMNS:
-            if path is None:
-                cells.append(fmt.format(op))
-                continue
-            v = row
-            for k in path:
-                v = v[k]
-            cells.append(fmt.format(v))
-        lines.append("  " + " ".join(cells))
+    title = f"delaycomm group {data.get('group', '?')!r} rank {data.get('rank')}/{data.get('world_size')}"
+    lines = [table.format_table(_COLUMNS, sorted(data.get("ops", {}).items()), header=[title], sep=" ")]
     sd = data.get("slowdown", {})
     if sd.get("calls"):
         lines.append("# slowdown: blocked {n} times, {t:.1f} ms in all (p50 {p50:.2f} ms, max {mx:.2f} ms)".format(
@@ -128,7 +106,6 @@ def _step_text(st: dict[str, Any]) -> str:
     return "step: not calibrated yet (step_ms=auto; nothing is deferred until a stream recurs)"
 
 
-
 def report(group=None) -> str:
     """The telemetry as a readable table (one block per group).
 
@@ -143,6 +120,3 @@ def report(group=None) -> str:
     blocks = [format_table(g) for g in stats()["groups"].values()]
     return "\n\n".join(blocks) if blocks else "# no delaycomm groups"
 
-
-# torch is imported for its side effect of registering c10d before any backend object is touched.
-_ = torch

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 from delaycomm import _C
-from delaycomm._config import _Invalid, _parse_delay
+from delaycomm._config import parse_delay
 
 __all__ = ["DelayedLoader"]
 
@@ -34,9 +34,9 @@ class DelayedLoader:
     def __init__(self, loader: Iterable[Any], delay: str = "exp:p99=400ms", fraction: float = 0.3, seed: int = 0,
                  rank: int | None = None) -> None:
         try:
-            spec = _parse_delay(delay)
-        except _Invalid as e:
-            raise ValueError(f"delaycomm.data.DelayedLoader: invalid delay {delay!r}: {e.why}") from None
+            spec = parse_delay(delay)
+        except ValueError as e:
+            raise ValueError(f"delaycomm.data.DelayedLoader: invalid delay {delay!r}: {e}") from None
         if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
                 math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
             raise ValueError(f"delaycomm.data.DelayedLoader: fraction must be a number in [0, 1], got {fraction!r}")

@@ -6,12 +6,12 @@ The math lives in the native StalenessEngine (csrc/stale/); these functions only
 import torch
 import torch.distributed as dist
 
+from delaycomm._registry import backend_of
+
 __all__ = ["ddp_hook", "stale_allreduce", "flush"]
 
 
 def _backend(group):
-    from delaycomm._backend import backend_of
-
     return backend_of(group if group is not None else dist.group.WORLD)
 
 

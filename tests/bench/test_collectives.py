@@ -128,3 +128,21 @@ def test_unknown_collective_names_the_accepted_ones():
 def test_dtype_table_matches_torch():
     for name, (attr, size) in collectives.DTYPES.items():
         assert torch.empty(0, dtype=getattr(torch, attr)).element_size() == size, name
+
+
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_each_collectives_factor_text_is_its_bus_factor(name):
+    # the formula the report prints and the one the bench computes are written apart: they must say the same
+    spec = get(name)
+    formula = spec.factor_text.replace("2(", "2*(")
+    for n in (1, 2, 3, 8):
+        assert spec.bus_factor(n) == pytest.approx(eval(formula, {"n": n})), (name, n)
+
+
+@pytest.mark.parametrize("name", list(COLLECTIVES))
+def test_each_collective_is_one_entry_with_its_own_specifics(name):
+    spec = get(name)
+    assert spec.name == name and isinstance(spec, collectives.Collective)
+    for method in ("bus_factor", "expected", "issue"):  # what every collective must say for itself
+        assert getattr(type(spec), method) is not getattr(collectives.Collective, method), (name, method)
+    assert spec.stats_op and spec.reduces == (name in ("all_reduce", "reduce_scatter"))

@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 import delaycomm
-from delaycomm._backend import backend_of
+from delaycomm._registry import backend_of
 
 
 def _init(rank: int, world_size: int, init_method: str, timeout_s: float = 30.0, **options) -> None:

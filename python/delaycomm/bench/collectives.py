@@ -1,7 +1,9 @@
 """One small spec per collective: element counts, buffers, the call, the expected result, the bus-bandwidth factor.
 
 The engine (:mod:`delaycomm.bench.engine`) is generic; everything collective-specific lives here, in the style of
-nccl-tests' per-collective plug-ins. The formulas are derived in ``docs/bench.md``.
+nccl-tests' per-collective plug-ins: one small class per collective (its buffer sizes, its input data, the call,
+its expected result, its bus-bandwidth factor), and :class:`Collective` holds what they share. Adding a collective
+is one class and one entry of ``COLLECTIVES``. The formulas are derived in ``docs/bench.md``.
 
 Conventions (n = number of ranks):
 
@@ -15,8 +17,7 @@ Conventions (n = number of ranks):
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable
+from typing import ClassVar
 
 from delaycomm import _ops
 
@@ -35,26 +36,55 @@ DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf
 _RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "float64": 1e-12}
 
 
-@dataclasses.dataclass(frozen=True)
 class Collective:
-    """What the engine needs to know about one collective.
+    """What the engine needs to know about one collective; a subclass per collective fills in the specifics.
 
-    Attributes:
+    Class attributes of each subclass:
         name: the CLI name (``all_reduce``).
-        stats_op: the op name in delaycomm's telemetry (``delaycomm.stats()``).
-        reduces: True when the reduction op applies (else the redop column says ``none``).
-        chunked: True when the buffer is n chunks (count rounded down to a multiple of n).
-        bus_factor: n -> busbw / algbw.
-        factor_text: the formula, for the docs and the JSON.
+        torch_name: torch.distributed's name of the call timed, as the op table knows it (its telemetry name and
+            whether it reduces come from there, delaycomm._ops).
+        chunked: True when the larger buffer is n chunks (count rounded down to a multiple of n).
+        factor_text: the bus-bandwidth factor's formula, for the report and the docs (:meth:`bus_factor`).
+
+    Derived: ``stats_op`` (the op name in ``delaycomm.stats()``), ``reduces`` (the redop applies; else the redop
+    column says ``none``).
     """
 
-    name: str
-    stats_op: str
-    reduces: bool
-    chunked: bool
-    bus_factor: Callable[[int], float]
-    factor_text: str
+    name: ClassVar[str]
+    torch_name: ClassVar[str]
+    chunked: ClassVar[bool]
+    factor_text: ClassVar[str]
 
+    def __init__(self) -> None:
+        op = _ops.info(self.torch_name)
+        self.stats_op: str = op.name
+        self.reduces: bool = op.reduces
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}()"
+
+    # ---------------------------------------------------------------- per collective
+    def bus_factor(self, n: int) -> float:
+        """busbw / algbw for n ranks (docs/bench.md)."""
+        raise NotImplementedError
+
+    def buffer_counts(self, count: int, n: int) -> tuple[int, int | None]:
+        """Elements of (input, output) for ``count`` (the larger buffer); output None: the call is in place."""
+        return count, None
+
+    def input(self, count: int, rank: int, n: int, redop: str, root: int, for_check: bool, dtype, device):
+        """This rank's input buffer (``count`` elements): the check pattern of the module doc by default."""
+        return _pattern(count, rank, redop, dtype, device)
+
+    def expected(self, count: int, rank: int, n: int, redop: str, root: int):
+        """This rank's expected result for the check inputs, as float64."""
+        raise NotImplementedError
+
+    def issue(self, inp, out, group, op, root: int) -> None:
+        """The torch.distributed call (synchronous) with ``op`` a ``ReduceOp``."""
+        raise NotImplementedError
+
+    # ---------------------------------------------------------------- shared
     def count_for(self, size_bytes: int, elsize: int, n: int) -> int:
         """Elements of the larger buffer for a requested size (0: the size is too small for n ranks)."""
         count = size_bytes // elsize
@@ -62,71 +92,28 @@ class Collective:
             count -= count % n
         return count
 
-    # ---------------------------------------------------------------- buffers
     def buffers(self, count: int, dtype, device, rank: int, n: int, redop: str, root: int, for_check: bool):
         """(input, output) tensors for one call. ``output`` is None for in-place collectives.
 
-        Timing buffers hold data that repeated calls leave unchanged (zeros for an in-place SUM, ones for PROD)
-        so that values never overflow over hundreds of calls; check buffers hold the pattern of the module doc.
+        Timing buffers hold data that repeated calls leave unchanged (see :class:`AllReduce`) so that values never
+        overflow over hundreds of calls; check buffers hold the pattern of the module doc.
         """
         import torch
 
-        chunk = count // n if self.chunked else count
-        in_count = chunk if self.name == "all_gather" else count
-        out_count = {"all_gather": count, "reduce_scatter": chunk, "all_to_all": count}.get(self.name)
-        if not for_check and self.name == "all_reduce" and redop in ("sum", "prod"):
-            # NOTE: in-place SUM/PROD would grow the values call after call (fp16 overflows after ~16 calls).
-            inp = torch.full((in_count,), 0 if redop == "sum" else 1, dtype=dtype, device=device)
-        elif self.name == "broadcast" and rank != root and for_check:
-            inp = torch.zeros(in_count, dtype=dtype, device=device)
-        else:
-            inp = _pattern(in_count, rank, redop, dtype, device)
+        in_count, out_count = self.buffer_counts(count, n)
+        inp = self.input(in_count, rank, n, redop, root, for_check, dtype, device)
         out = None if out_count is None else torch.empty(out_count, dtype=dtype, device=device)
         return inp, out
 
-    # ---------------------------------------------------------------- the call
     def run(self, inp, out, group, redop: str, root: int) -> None:
         """Issue the collective on ``group`` and wait for it (torch's synchronous form)."""
         import torch.distributed as dist
 
-        op = getattr(dist.ReduceOp, REDOPS[redop])
-        if self.name == "all_reduce":
-            dist.all_reduce(inp, op=op, group=group)
-        elif self.name == "all_gather":
-            _ALL_GATHER(out, inp, group=group)
-        elif self.name == "reduce_scatter":
-            _REDUCE_SCATTER(out, inp, op=op, group=group)
-        elif self.name == "broadcast":
-            dist.broadcast(inp, src=root, group=group)
-        elif self.name == "all_to_all":
-            dist.all_to_all_single(out, inp, group=group)
-        else:  # pragma: no cover - COLLECTIVES is closed
-            raise AssertionError(self.name)
+        self.issue(inp, out, group, getattr(dist.ReduceOp, REDOPS[redop]), root)
 
     def result(self, inp, out):
         """The tensor that holds this rank's result after :meth:`run`."""
         return inp if out is None else out
-
-    # ---------------------------------------------------------------- the check
-    def expected(self, count: int, rank: int, n: int, redop: str, root: int):
-        """This rank's expected result, as float64."""
-        import torch
-
-        chunk = count // n if self.chunked else count
-        base = _base(_period(redop))
-        if self.name == "all_reduce":
-            return _tile(_reduced_table(n, redop), count, 0)
-        if self.name == "reduce_scatter":
-            return _tile(_reduced_table(n, redop), chunk, rank * chunk)
-        if self.name == "broadcast":
-            return _tile(base, count, root)
-        if self.name == "all_gather":
-            # chunk s comes from rank s, which holds BASE[(i + s) % P] at its local index i.
-            return torch.cat([_tile(base, chunk, s) for s in range(n)])
-        if self.name == "all_to_all":
-            # chunk s comes from rank s: its input chunk `rank`, global index rank*chunk + i.
-            return torch.cat([_tile(base, chunk, rank * chunk + s) for s in range(n)])
-        raise AssertionError(self.name)  # pragma: no cover
 
     def count_wrong(self, got, expected, dtype_name: str, redop: str) -> int:
         """Elements of ``got`` that differ from ``expected`` (NaN counts as wrong).
@@ -144,6 +131,122 @@ class Collective:
             return int((~((g - exp).abs() <= tol)).sum().item())
         exp = expected.to(got.dtype) if got.dtype.is_floating_point else expected.to(torch.int64).to(got.dtype)
         return int(torch.count_nonzero(got != exp).item())
+
+
+# ------------------------------------------------------------------------------------------------------------------
+# One class per collective. NOTE: all_gather and reduce_scatter time the single-tensor forms (torch.distributed's
+# all_gather_into_tensor and reduce_scatter_tensor): the op table's aliases of _allgather_base and
+# _reduce_scatter_base.
+
+
+class AllReduce(Collective):
+    name, torch_name, chunked, factor_text = "all_reduce", "all_reduce", False, "2(n-1)/n"
+
+    def bus_factor(self, n: int) -> float:
+        return 2.0 * (n - 1) / n
+
+    def input(self, count, rank, n, redop, root, for_check, dtype, device):
+        if not for_check and redop in ("sum", "prod"):
+            import torch
+
+            # NOTE: in-place SUM/PROD would grow the values call after call (fp16 overflows after ~16 calls).
+            return torch.full((count,), 0 if redop == "sum" else 1, dtype=dtype, device=device)
+        return super().input(count, rank, n, redop, root, for_check, dtype, device)
+
+    def expected(self, count, rank, n, redop, root):
+        return _tile(_reduced_table(n, redop), count, 0)
+
+    def issue(self, inp, out, group, op, root):
+        import torch.distributed as dist
+
+        dist.all_reduce(inp, op=op, group=group)
+
+
+class AllGather(Collective):
+    name, torch_name, chunked, factor_text = "all_gather", "all_gather_into_tensor", True, "(n-1)/n"
+
+    def bus_factor(self, n: int) -> float:
+        return (n - 1) / n
+
+    def buffer_counts(self, count, n):
+        return count // n, count
+
+    def expected(self, count, rank, n, redop, root):
+        import torch
+
+        # chunk s comes from rank s, which holds BASE[(i + s) % P] at its local index i.
+        base = _base(_period(redop))
+        return torch.cat([_tile(base, count // n, s) for s in range(n)])
+
+    def issue(self, inp, out, group, op, root):
+        _ALL_GATHER(out, inp, group=group)
+
+
+class ReduceScatter(Collective):
+    name, torch_name, chunked, factor_text = "reduce_scatter", "reduce_scatter_tensor", True, "(n-1)/n"
+
+    def bus_factor(self, n: int) -> float:
+        return (n - 1) / n
+
+    def buffer_counts(self, count, n):
+        return count, count // n
+
+    def expected(self, count, rank, n, redop, root):
+        chunk = count // n
+        return _tile(_reduced_table(n, redop), chunk, rank * chunk)
+
+    def issue(self, inp, out, group, op, root):
+        _REDUCE_SCATTER(out, inp, op=op, group=group)
+
+
+class Broadcast(Collective):
+    name, torch_name, chunked, factor_text = "broadcast", "broadcast", False, "1"
+
+    def bus_factor(self, n: int) -> float:
+        return 1.0
+
+    def input(self, count, rank, n, redop, root, for_check, dtype, device):
+        if for_check and rank != root:
+            import torch
+
+            return torch.zeros(count, dtype=dtype, device=device)  # the check sees that the root's data arrived
+        return super().input(count, rank, n, redop, root, for_check, dtype, device)
+
+    def expected(self, count, rank, n, redop, root):
+        return _tile(_base(_period(redop)), count, root)
+
+    def issue(self, inp, out, group, op, root):
+        import torch.distributed as dist
+
+        dist.broadcast(inp, src=root, group=group)
+
+
+class AllToAll(Collective):
+    name, torch_name, chunked, factor_text = "all_to_all", "all_to_all_single", True, "(n-1)/n"
+
+    def bus_factor(self, n: int) -> float:
+        return (n - 1) / n
+
+    def buffer_counts(self, count, n):
+        return count, count
+
+    def expected(self, count, rank, n, redop, root):
+        import torch
+
+        # chunk s comes from rank s: its input chunk `rank`, global index rank*chunk + i.
+        chunk = count // n
+        base = _base(_period(redop))
+        return torch.cat([_tile(base, chunk, rank * chunk + s) for s in range(n)])
+
+    def issue(self, inp, out, group, op, root):
+        import torch.distributed as dist
+
+        dist.all_to_all_single(out, inp, group=group)
+
+
+COLLECTIVES: dict[str, Collective] = {
+    c.name: c for c in (AllReduce(), AllGather(), ReduceScatter(), Broadcast(), AllToAll())
+}
 
 
 def _tile(table, count: int, offset: int):
@@ -202,30 +305,6 @@ def _reduced_table(n: int, redop: str):
     if redop == "max":
         return stacked.max(0).values
     return stacked.mean(0)
-
-
-def _spec(name: str, chunked: bool, bus_factor: Callable[[int], float], factor_text: str) -> Collective:
-    """A collective by its torch.distributed name; its telemetry name and whether it reduces come from the op
-    table (delaycomm._ops)."""
-    op = _ops.info(_TORCH_NAME.get(name, name))
-    return Collective(name, op.name, op.reduces, chunked, bus_factor, factor_text)
-
-
-# NOTE: all_gather and reduce_scatter time the single-tensor forms (torch.distributed's all_gather_into_tensor and
-# reduce_scatter_tensor): the op table's aliases of _allgather_base and _reduce_scatter_base.
-_TORCH_NAME = {"all_gather": "all_gather_into_tensor", "reduce_scatter": "reduce_scatter_tensor",
-               "all_to_all": "all_to_all_single"}
-
-COLLECTIVES: dict[str, Collective] = {
-    c.name: c
-    for c in (
-        _spec("all_reduce", False, lambda n: 2.0 * (n - 1) / n, "2(n-1)/n"),
-        _spec("all_gather", True, lambda n: (n - 1) / n, "(n-1)/n"),
-        _spec("reduce_scatter", True, lambda n: (n - 1) / n, "(n-1)/n"),
-        _spec("broadcast", False, lambda n: 1.0, "1"),
-        _spec("all_to_all", True, lambda n: (n - 1) / n, "(n-1)/n"),
-    )
-}
 
 
 def get(name: str) -> Collective:
