@@ -37,8 +37,13 @@ def _pct(xs: list[float], q: float) -> float:
 
 def _summary_us(errors_s: list[float]) -> dict[str, float]:
     a = [abs(e) * 1e6 for e in errors_s]
-    return {"n": len(a), "p50_us": _pct(a, 0.5), "p99_us": _pct(a, 0.99), "max_us": max(a),
-            "mean_signed_us": statistics.fmean(errors_s) * 1e6}
+    return {
+        "n": len(a),
+        "p50_us": _pct(a, 0.5),
+        "p99_us": _pct(a, 0.99),
+        "max_us": max(a),
+        "mean_signed_us": statistics.fmean(errors_s) * 1e6,
+    }
 
 
 def _free_port() -> int:
@@ -57,8 +62,10 @@ def cpu_precision(delays_ms: list[float], n: int) -> dict:
         t = torch.ones(1)
         base_g = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
         for ms in delays_ms:
-            g = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
-                delay=f"const:{ms}ms", delay_fraction=1.0, delay_ops="allreduce"))
+            g = dist.new_group(
+                backend="delaycomm",
+                pg_options=delaycomm.DelayConfig(delay=f"const:{ms}ms", delay_fraction=1.0, delay_ops="allreduce"),
+            )
             base, got = [], []
             reps = max(10, int(n * min(1.0, 10.0 / ms)))
             for _ in range(reps):
@@ -69,8 +76,7 @@ def cpu_precision(delays_ms: list[float], n: int) -> dict:
                 dist.all_reduce(t, group=g)
                 got.append(time.perf_counter() - t0)
             b = statistics.median(base)
-            out["issuer"][f"{ms:g}ms"] = {**_summary_us([x - b - ms * 1e-3 for x in got]),
-                                           "base_median_us": b * 1e6}
+            out["issuer"][f"{ms:g}ms"] = {**_summary_us([x - b - ms * 1e-3 for x in got]), "base_median_us": b * 1e6}
             errs = []
             for _ in range(reps):
                 t0 = time.perf_counter()
@@ -86,6 +92,7 @@ def gpu_precision(delays_ms: list[float], n: int) -> dict:
 
     if not torch.cuda.is_available() or not hasattr(_C, "_gpu_sleep"):
         return {"skipped": "no CUDA device or no CUDA sources in this build"}
+
     def timed(ns: int) -> float:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -109,8 +116,10 @@ def _overhead_rank(rank: int, world: int, port: int, sizes: list[int], iters: in
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
-    groups = {"delaycomm": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
-              "gloo": dist.new_group(backend="gloo")}
+    groups = {
+        "delaycomm": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
+        "gloo": dist.new_group(backend="gloo"),
+    }
     res = {}
     for size in sizes:
         t = torch.ones(max(1, size // 4))
@@ -128,9 +137,12 @@ def _overhead_rank(rank: int, world: int, port: int, sizes: list[int], iters: in
                     times.append(time.perf_counter() - t0)
                 med[name].append(statistics.median(times))
         ratios = [a / b for a, b in zip(med["delaycomm"], med["gloo"])]
-        res[size] = {"delaycomm_p50_us": statistics.median(med["delaycomm"]) * 1e6,
-                     "gloo_p50_us": statistics.median(med["gloo"]) * 1e6,
-                     "ratio_median": statistics.median(ratios), "ratios": ratios}
+        res[size] = {
+            "delaycomm_p50_us": statistics.median(med["delaycomm"]) * 1e6,
+            "gloo_p50_us": statistics.median(med["gloo"]) * 1e6,
+            "ratio_median": statistics.median(ratios),
+            "ratios": ratios,
+        }
     dist.destroy_process_group()
     q.put((rank, res))
 
@@ -145,8 +157,12 @@ def overhead(world: int, sizes: list[int], iters: int, blocks: int) -> dict:
     results = dict(q.get(timeout=600) for _ in procs)
     for p in procs:
         p.join(30)
-    return {"world_size": world, "iters": iters, "blocks": blocks,
-            "by_size_bytes": {str(s): results[0][s] for s in sizes}}
+    return {
+        "world_size": world,
+        "iters": iters,
+        "blocks": blocks,
+        "by_size_bytes": {str(s): results[0][s] for s in sizes},
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -165,8 +181,14 @@ def main(argv: list[str] | None = None) -> int:
     import delaycomm
 
     delays = [float(x) for x in args.delays_ms.split(",")]
-    out = {"argv": sys.argv, "torch": torch.__version__, "delaycomm": delaycomm.__version__,
-           "host": platform.node(), "cpus": os.cpu_count(), "load_avg": os.getloadavg()}
+    out = {
+        "argv": sys.argv,
+        "torch": torch.__version__,
+        "delaycomm": delaycomm.__version__,
+        "host": platform.node(),
+        "cpus": os.cpu_count(),
+        "load_avg": os.getloadavg(),
+    }
     if not args.no_cpu:
         out["cpu_precision"] = cpu_precision(delays, args.samples)
     if args.gpu:

@@ -27,9 +27,17 @@ def environment() -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "host": socket.gethostname(), "platform": platform.platform(), "python": platform.python_version(),
-        "cpu_count": os.cpu_count(), "torch": torch.__version__, "cuda": torch.version.cuda,
-        "gpu": None, "gpu_count": 0, "driver": None, "nccl": None, "commit": None,
+        "host": socket.gethostname(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": None,
+        "gpu_count": 0,
+        "driver": None,
+        "nccl": None,
+        "commit": None,
     }
     try:
         with open("/proc/cpuinfo") as f:
@@ -43,13 +51,24 @@ def environment() -> dict[str, Any]:
         v = torch.cuda.nccl.version()
         env["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
     try:
-        env["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                       capture_output=True, text=True, timeout=20).stdout.strip() or None
+        env["driver"] = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                capture_output=True,
+                text=True,
+                timeout=20,
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     try:
-        env["commit"] = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                                       timeout=10).stdout.strip() or None
+        env["commit"] = (
+            subprocess.run(
+                ["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, timeout=10
+            ).stdout.strip()
+            or None
+        )
     except (OSError, subprocess.SubprocessError):
         pass
     return env
@@ -94,8 +113,11 @@ def _steps(out: str) -> dict[str, dict[str, Any]]:
         with open(os.path.join(out, "steps.tsv")) as f:
             for line in f:
                 name, rc, secs, limit = line.rstrip("\n").split("\t")
-                steps[name] = {"exit": int(rc) if rc.lstrip("-").isdigit() else rc, "seconds": int(secs),
-                               "limit_s": int(limit)}
+                steps[name] = {
+                    "exit": int(rc) if rc.lstrip("-").isdigit() else rc,
+                    "seconds": int(secs),
+                    "limit_s": int(limit),
+                }
     except OSError:
         pass
     return steps
@@ -112,13 +134,17 @@ def _percall_rows(rec: dict | None) -> list[dict]:
 
 def report(out: str, mode: str, dry: str) -> dict[str, Any]:
     rec: dict[str, Any] = {
-        "format": "delaycomm-gpu-check/1", "mode": mode, "dry_run": dry == "1",
-        "environment": _load(os.path.join(out, "environment.json")), "steps": _steps(out),
+        "format": "delaycomm-gpu-check/1",
+        "mode": mode,
+        "dry_run": dry == "1",
+        "environment": _load(os.path.join(out, "environment.json")),
+        "steps": _steps(out),
     }
     rec["ok"] = all(s["exit"] == 0 or str(s["exit"]).startswith("skipped") for s in rec["steps"].values())
     rec["tests"] = {name: _junit(os.path.join(out, f"{name}.xml")) for name in ("gpu_tests", "kernel_bad_input")}
-    rec["evidence"] = {os.path.basename(p)[:-5]: _load(p) for p in sorted(glob.glob(os.path.join(out, "evidence",
-                                                                                                "*.json")))}
+    rec["evidence"] = {
+        os.path.basename(p)[:-5]: _load(p) for p in sorted(glob.glob(os.path.join(out, "evidence", "*.json")))
+    }
     for name in ("percall", "kernels", "precision", "baseline", "gate", "gate_injected"):
         data = _load(os.path.join(out, f"{name}.json"))
         if data is not None:
@@ -142,12 +168,14 @@ def report(out: str, mode: str, dry: str) -> dict[str, Any]:
 
 def summary(rec: dict[str, Any]) -> str:
     env = rec.get("environment") or {}
-    lines = [f"# delaycomm GPU check ({rec['mode']}{', DRY RUN on CPU' if rec['dry_run'] else ''}): "
-             f"{'OK' if rec['ok'] else 'FAILED'}",
-             f"# {env.get('gpu') or 'no GPU'}, driver {env.get('driver')}, torch {env.get('torch')}, CUDA "
-             f"{env.get('cuda')}, NCCL {env.get('nccl')}, Python {env.get('python')}; {env.get('host')} "
-             f"({env.get('cpu_count')} cores); commit {env.get('commit')}; {env.get('date_utc')}",
-             f"# {'step':<18}{'exit':>8}{'time':>8}{'limit':>8}"]
+    lines = [
+        f"# delaycomm GPU check ({rec['mode']}{', DRY RUN on CPU' if rec['dry_run'] else ''}): "
+        f"{'OK' if rec['ok'] else 'FAILED'}",
+        f"# {env.get('gpu') or 'no GPU'}, driver {env.get('driver')}, torch {env.get('torch')}, CUDA "
+        f"{env.get('cuda')}, NCCL {env.get('nccl')}, Python {env.get('python')}; {env.get('host')} "
+        f"({env.get('cpu_count')} cores); commit {env.get('commit')}; {env.get('date_utc')}",
+        f"# {'step':<18}{'exit':>8}{'time':>8}{'limit':>8}",
+    ]
     for name, s in rec["steps"].items():
         code, note = str(s["exit"]), ""
         if not code.lstrip("-").isdigit():
@@ -157,46 +185,60 @@ def summary(rec: dict[str, Any]) -> str:
     lines.append(f"  {'total':<18}{'':>8}{total:>7}s")
     for name, t in rec["tests"].items():
         if t:
-            failed = "".join(f"\n#   FAILED {x['test']}: {x['message'].splitlines()[0][:160] if x['message'] else ''}"
-                             for x in t["failed"])
-            lines.append(f"# {name}: {t['passed']} passed, {t['failures'] + t['errors']} failed, {t['skipped']} "
-                         "skipped" + failed)
+            failed = "".join(
+                f"\n#   FAILED {x['test']}: {x['message'].splitlines()[0][:160] if x['message'] else ''}"
+                for x in t["failed"]
+            )
+            lines.append(
+                f"# {name}: {t['passed']} passed, {t['failures'] + t['errors']} failed, {t['skipped']} skipped" + failed
+            )
     ev = rec["evidence"]
     for key in ("nccl_default_settings", "nccl_user_settings"):
         if ev.get(key):
             n = ev[key]["nccl"]
-            lines.append(f"# {key}: NCCL {n.get('version')} says set by environment: "
-                         + (", ".join(f"{k}={'/'.join(v)}" for k, v in n["set_by_environment"].items()) or "nothing")
-                         + f"; environment at NCCL start: {ev[key]['script'].get('env_after')}")
+            lines.append(
+                f"# {key}: NCCL {n.get('version')} says set by environment: "
+                + (", ".join(f"{k}={'/'.join(v)}" for k, v in n["set_by_environment"].items()) or "nothing")
+                + f"; environment at NCCL start: {ev[key]['script'].get('env_after')}"
+            )
     for key, data in ev.items():
         if key.startswith("ddp_") and data:
             ar = data["bsp"]["stats"]["ops"]["allreduce"]
             st = data["ssp2_ema"]["stats"]["staleness"]
-            lines.append(f"# {key}: bsp+delay: {ar['calls']} all_reduce calls, {ar['delayed_calls']} delayed, latency "
-                         f"p50 {ar['latency']['p50_us']:.0f} us, max {ar['latency']['max_us']:.0f} us; ssp:2+ema: "
-                         f"fresh {st['fresh']} stale {st['stale']} dropped {st['dropped']}; wall s raw "
-                         f"{data['raw']['elapsed_s']:.2f} bsp {data['bsp']['run']['elapsed_s']:.2f} ssp "
-                         f"{data['ssp2_ema']['run']['elapsed_s']:.2f}")
+            lines.append(
+                f"# {key}: bsp+delay: {ar['calls']} all_reduce calls, {ar['delayed_calls']} delayed, latency "
+                f"p50 {ar['latency']['p50_us']:.0f} us, max {ar['latency']['max_us']:.0f} us; ssp:2+ema: "
+                f"fresh {st['fresh']} stale {st['stale']} dropped {st['dropped']}; wall s raw "
+                f"{data['raw']['elapsed_s']:.2f} bsp {data['bsp']['run']['elapsed_s']:.2f} ssp "
+                f"{data['ssp2_ema']['run']['elapsed_s']:.2f}"
+            )
         if key.startswith("collectives_ws1_") and data:
             ok = sum(1 for v in data["cases"].values() if v)
-            lines.append(f"# {key}: {ok} of {len(data['cases'])} cases exact, uncounted calls: "
-                         f"{data['uncounted'] or 'none'}")
+            lines.append(
+                f"# {key}: {ok} of {len(data['cases'])} cases exact, uncounted calls: {data['uncounted'] or 'none'}"
+            )
     rows = _percall_rows(rec.get("percall"))
     shown = {min(r["size_bytes"] for r in rows), max(r["size_bytes"] for r in rows)} if rows else set()
     for r in rows:
         if r["size_bytes"] in shown:
-            lines.append(f"# percall {r['size_bytes']} B {r['path']}: {r['added_cpu_us']:+.2f} us CPU/call "
-                         f"(ratio {r['ratio_cpu']:.3f}), {r['added_wall_us']:+.2f} us wall (raw "
-                         f"{r['raw_cpu_us']:.2f} us CPU)")
+            lines.append(
+                f"# percall {r['size_bytes']} B {r['path']}: {r['added_cpu_us']:+.2f} us CPU/call "
+                f"(ratio {r['ratio_cpu']:.3f}), {r['added_wall_us']:+.2f} us wall (raw "
+                f"{r['raw_cpu_us']:.2f} us CPU)"
+            )
     for row in (rec.get("kernels") or {}).get("rows", []):
-        lines.append(f"# kernels {row['size_bytes']} B {row['dtype']}: fused/copy {row['fused_over_copy']:.2f}, "
-                     f"unfused/fused {row['unfused_over_fused']:.2f}, unfused_acc/fused "
-                     f"{row['unfused_acc_over_fused']:.2f}")
+        lines.append(
+            f"# kernels {row['size_bytes']} B {row['dtype']}: fused/copy {row['fused_over_copy']:.2f}, "
+            f"unfused/fused {row['unfused_over_fused']:.2f}, unfused_acc/fused "
+            f"{row['unfused_acc_over_fused']:.2f}"
+        )
     p = (rec.get("precision") or {}).get("gpu_precision") or {}
     for key in ("1ms", "10ms", "100ms"):
         if key in p:
-            lines.append(f"# GPU sleep kernel {key}: p99 |error| {p[key]['corrected']['p99_us']:.1f} us after the "
-                         f"{p['launch_overhead_us']:.1f} us launch ({p[key]['raw']['p99_us']:.1f} us raw)")
+            lines.append(
+                f"# GPU sleep kernel {key}: p99 |error| {p[key]['corrected']['p99_us']:.1f} us after the "
+                f"{p['launch_overhead_us']:.1f} us launch ({p[key]['raw']['p99_us']:.1f} us raw)"
+            )
     for name in ("gate", "gate_injected"):
         s = rec["steps"].get(name)
         if s:

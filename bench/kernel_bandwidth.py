@@ -104,8 +104,12 @@ def copy(case: Case) -> None:
     case.dst.copy_(case.src)
 
 
-IMPLS: dict[str, Callable[[Case], None]] = {"fused": fused, "unfused": unfused, "unfused_acc": unfused_acc,
-                                             "copy": copy}
+IMPLS: dict[str, Callable[[Case], None]] = {
+    "fused": fused,
+    "unfused": unfused,
+    "unfused_acc": unfused_acc,
+    "copy": copy,
+}
 
 
 def bytes_moved(numel: int, element_size: int, stale: int, stash: bool) -> int:
@@ -173,6 +177,7 @@ def run_case(case: Case, device: str, warmup: int, iters: int, rounds: int) -> d
 
 # ---- reporting: one schema for the table and the JSON -------------------------------------------------------------
 
+
 # (key, header, unit, format): the table's header, units row and rows are generated from this.
 def _bytes_cell(key: str) -> Callable[[dict[str, Any]], str]:
     return lambda row: format_bytes(row[key])
@@ -205,8 +210,13 @@ def format_bytes(n: int) -> str:
 
 
 def summarize(size_bytes: int, dtype: str, stale: int, stash: bool, moved: int, samples: dict) -> dict[str, Any]:
-    row: dict[str, Any] = {"size_bytes": size_bytes, "dtype": dtype, "stale": stale, "stash": stash,
-                           "moved_bytes": moved}
+    row: dict[str, Any] = {
+        "size_bytes": size_bytes,
+        "dtype": dtype,
+        "stale": stale,
+        "stash": stash,
+        "moved_bytes": moved,
+    }
     for name, xs in samples.items():
         row[f"{name}_p50_us"] = percentile(xs, 0.5) * 1e6
         row[f"{name}_p90_us"] = percentile(xs, 0.9) * 1e6
@@ -249,20 +259,30 @@ def settings_header(args: argparse.Namespace, device_name: str) -> dict[str, Any
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the tensors live (default: cpu)")
-    p.add_argument("--sizes", type=size_list, help="comma-separated bucket sizes in bytes, K/M/G suffixes "
-                                   "(default: 1M,16M,64M on cpu; 64M,256M,1G on cuda)")
-    p.add_argument("--dtypes", help="comma-separated dtypes among " + ", ".join(DTYPES) +
-                                    " (default: float32,bfloat16)")
+    p.add_argument(
+        "--sizes",
+        type=size_list,
+        help="comma-separated bucket sizes in bytes, K/M/G suffixes (default: 1M,16M,64M on cpu; 64M,256M,1G on cuda)",
+    )
+    p.add_argument(
+        "--dtypes", help="comma-separated dtypes among " + ", ".join(DTYPES) + " (default: float32,bfloat16)"
+    )
     p.add_argument("--stale", type=int, default=1, help="stale tensors blended per call (default: 1)")
-    p.add_argument("--stash", action=argparse.BooleanOptionalAction, default=True,
-                   help="also stash the fresh gradient (default: yes)")
+    p.add_argument(
+        "--stash",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also stash the fresh gradient (default: yes)",
+    )
     p.add_argument("--warmup", type=int, default=3, help="untimed calls of each implementation (default: 3)")
     p.add_argument("--iters", type=int, default=30, help="timed calls of each implementation (default: 30)")
-    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds the timed calls are split into "
-                                                          "(default: 5)")
+    p.add_argument(
+        "--rounds", type=int, default=5, help="interleaved rounds the timed calls are split into (default: 5)"
+    )
     p.add_argument("--threads", type=int, help="torch intra-op threads on cpu (default: torch's)")
     p.add_argument("--json", metavar="FILE", help="write the settings and every row as JSON")
     args = p.parse_args(argv)
@@ -277,8 +297,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if getattr(args, flag) < minimum:
             p.error(f"--{flag} must be >= {minimum}, got {getattr(args, flag)}")
     if args.device == "cuda" and not (torch.cuda.is_available() and _C.cuda_compiled):
-        p.error("--device cuda needs a CUDA device and a delaycomm built with CUDA "
-                f"(torch.cuda.is_available()={torch.cuda.is_available()}, cuda_compiled={_C.cuda_compiled})")
+        p.error(
+            "--device cuda needs a CUDA device and a delaycomm built with CUDA "
+            f"(torch.cuda.is_available()={torch.cuda.is_available()}, cuda_compiled={_C.cuda_compiled})"
+        )
     return args
 
 
@@ -286,8 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    device_name = torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or
-                                                                                platform.machine())
+    device_name = (
+        torch.cuda.get_device_name() if args.device == "cuda" else (platform.processor() or platform.machine())
+    )
     settings = settings_header(args, device_name)
     print("# " + " ".join(f"{k}={v}" for k, v in settings.items() if k != "argv"))
     rows = []
@@ -303,9 +326,12 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(rows))
     for row in rows:
         for name in row["noisy"]:
-            print(f"# warning: {format_bytes(row['size_bytes'])} {row['dtype']} {name}: p90 is "
-                  f"{row[f'{name}_p90_us'] / row[f'{name}_p50_us'] - 1:.0%} over p50; rerun with more --iters "
-                  "or on a quieter machine", file=sys.stderr)
+            print(
+                f"# warning: {format_bytes(row['size_bytes'])} {row['dtype']} {name}: p90 is "
+                f"{row[f'{name}_p90_us'] / row[f'{name}_p50_us'] - 1:.0%} over p50; rerun with more --iters "
+                "or on a quieter machine",
+                file=sys.stderr,
+            )
     if args.json:
         write_json(args.json, {"settings": settings, "rows": rows})
         print(f"# wrote {args.json}")

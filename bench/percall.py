@@ -45,6 +45,7 @@ class RunFailed(RuntimeError):
 
 # ---- statistics: every figure comes from the block times, by these functions ------------------------------------
 
+
 def _median(xs):
     return statistics.median(xs) if xs else None
 
@@ -81,6 +82,7 @@ def rows(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 # ---- the gate --------------------------------------------------------------------------------------------------
 
+
 @dataclasses.dataclass(frozen=True)
 class Verdict:
     size_bytes: int
@@ -114,8 +116,10 @@ def gate(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float)
     for what in ("device",):
         a, b = current["settings"][what], baseline["settings"][what]
         if a != b:
-            raise ValueError(f"the baseline was measured with {what} {b!r}, this run with {a!r}: measure a baseline "
-                             "with the same settings (--update-baseline)")
+            raise ValueError(
+                f"the baseline was measured with {what} {b!r}, this run with {a!r}: measure a baseline "
+                "with the same settings (--update-baseline)"
+            )
     base = {(r["size_bytes"], r["path"]): r for r in rows(baseline)}
     verdicts = []
     for r in rows(current):
@@ -123,32 +127,50 @@ def gate(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float)
         if b is None:
             continue
         per_run = tuple((ratio - b["ratio_cpu"]) * raw for ratio, raw in zip(r["run_ratio_cpu"], r["run_raw_cpu_us"]))
-        verdicts.append(Verdict(size_bytes=r["size_bytes"], path=r["path"], baseline_ratio=b["ratio_cpu"],
-                                baseline_added_us=b["added_cpu_us"], regression_us=statistics.median(per_run),
-                                run_regression_us=per_run, limit_us=max_added_us))
+        verdicts.append(
+            Verdict(
+                size_bytes=r["size_bytes"],
+                path=r["path"],
+                baseline_ratio=b["ratio_cpu"],
+                baseline_added_us=b["added_cpu_us"],
+                regression_us=statistics.median(per_run),
+                run_regression_us=per_run,
+                limit_us=max_added_us,
+            )
+        )
     if not verdicts:
         raise ValueError("this run and the baseline have no (size, path) in common: run the baseline's sizes and paths")
     return verdicts
 
 
 def format_gate(verdicts: list[Verdict], max_added_us: float) -> str:
-    lines = [f"# gate: regression = (ratio - baseline ratio) x raw CPU us per call, per run; fails when the median "
-             f"over runs and a majority of runs exceed {max_added_us:g} us/call",
-             f"# {'size':>8} {'path':<12} {'base ratio':>10} {'regression':>13} {'runs over':>9}  runs (us)  verdict"]
+    lines = [
+        f"# gate: regression = (ratio - baseline ratio) x raw CPU us per call, per run; fails when the median "
+        f"over runs and a majority of runs exceed {max_added_us:g} us/call",
+        f"# {'size':>8} {'path':<12} {'base ratio':>10} {'regression':>13} {'runs over':>9}  runs (us)  verdict",
+    ]
     for v in verdicts:
-        lines.append(f"  {_fmt_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} "
-                     f"{v.regression_us:>+10.2f} us "
-                     f"{v.runs_over:>5}/{len(v.run_regression_us):<3}  "
-                     f"{', '.join(f'{x:+.2f}' for x in v.run_regression_us)}  {'FAIL' if v.failed else 'ok'}")
+        lines.append(
+            f"  {_fmt_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} "
+            f"{v.regression_us:>+10.2f} us "
+            f"{v.runs_over:>5}/{len(v.run_regression_us):<3}  "
+            f"{', '.join(f'{x:+.2f}' for x in v.run_regression_us)}  {'FAIL' if v.failed else 'ok'}"
+        )
     failed = [v for v in verdicts if v.failed]
-    lines.append(f"gate: {'FAIL' if failed else 'PASS'}: " + (
-        f"delaycomm costs more than {max_added_us:g} us/call over its baseline at "
-        + ", ".join(f"{_fmt_size(v.size_bytes)} {v.path} ({v.regression_us:+.2f} us)" for v in failed)
-        if failed else f"no regression beyond {max_added_us:g} us/call at {len(verdicts)} items"))
+    lines.append(
+        f"gate: {'FAIL' if failed else 'PASS'}: "
+        + (
+            f"delaycomm costs more than {max_added_us:g} us/call over its baseline at "
+            + ", ".join(f"{_fmt_size(v.size_bytes)} {v.path} ({v.regression_us:+.2f} us)" for v in failed)
+            if failed
+            else f"no regression beyond {max_added_us:g} us/call at {len(verdicts)} items"
+        )
+    )
     return "\n".join(lines)
 
 
 # ---- the table ---------------------------------------------------------------------------------------------------
+
 
 def _fmt_size(n: int) -> str:
     from delaycomm.bench.units import format_size
@@ -163,8 +185,13 @@ COLUMNS: tuple[tuple[str, str, int, Callable[[dict], Any], str], ...] = (
     ("raw", "(cpu us)", 9, lambda r: r["raw_cpu_us"], "{:.2f}"),
     ("delaycomm", "(cpu us)", 10, lambda r: r["dc_cpu_us"], "{:.2f}"),
     ("added", "(cpu us)", 9, lambda r: r["added_cpu_us"], "{:+.2f}"),
-    ("runs min..max", "(cpu us)", 15, lambda r: f"{min(r['run_added_cpu_us']):+.1f}..{max(r['run_added_cpu_us']):+.1f}",
-     "{}"),
+    (
+        "runs min..max",
+        "(cpu us)",
+        15,
+        lambda r: f"{min(r['run_added_cpu_us']):+.1f}..{max(r['run_added_cpu_us']):+.1f}",
+        "{}",
+    ),
     ("ratio", "(cpu)", 7, lambda r: r["ratio_cpu"], "{:.3f}"),
     ("raw", "(wall us)", 10, lambda r: r["raw_wall_us"], "{:.2f}"),
     ("added", "(wall us)", 10, lambda r: r["added_wall_us"], "{:+.2f}"),
@@ -182,7 +209,8 @@ def format_table(record: dict[str, Any]) -> str:
         f"# torch {env.get('torch', '?')}, delaycomm {env.get('delaycomm', '?')}"
         + (f" ({env['delaycomm_commit']})" if env.get("delaycomm_commit") else "")
         + f", NCCL {env.get('nccl') or '-'}; {m.get('hostname', '?')}: {m.get('cpu', '?')}, "
-        f"{m.get('cpu_affinity') or m.get('cpu_count', '?')} cores" + (f", {m['gpu']}" if m.get("gpu") else "")
+        f"{m.get('cpu_affinity') or m.get('cpu_count', '?')} cores"
+        + (f", {m['gpu']}" if m.get("gpu") else "")
         + (f"; load average {record['loadavg'][0]:.1f}" if record.get("loadavg") else ""),
         "# per call: cpu = process CPU time (all threads), wall = elapsed; added = median over runs of the run's "
         "median paired difference delaycomm - raw; ratio likewise of delaycomm / raw",
@@ -193,13 +221,17 @@ def format_table(record: dict[str, Any]) -> str:
     for r in rs:
         out.append(" ".join(f"{c[4].format(c[3](r)):>{c[2]}}" for c in COLUMNS))
     if len(record["runs"]) >= 3:
-        out.append("# steadiness: standard deviation over runs of each run's figure, in us/call, as a difference "
-                   "(delaycomm - raw) and in the gate's ratio form ((ratio - median ratio) x the run's raw cost):")
+        out.append(
+            "# steadiness: standard deviation over runs of each run's figure, in us/call, as a difference "
+            "(delaycomm - raw) and in the gate's ratio form ((ratio - median ratio) x the run's raw cost):"
+        )
         for r in rs:
             med = statistics.median(r["run_ratio_cpu"])
             ratio_form = [(q - med) * raw for q, raw in zip(r["run_ratio_cpu"], r["run_raw_cpu_us"])]
-            out.append(f"#   {_fmt_size(r['size_bytes'])} {r['path']}: difference "
-                       f"{statistics.stdev(r['run_added_cpu_us']):.2f}, ratio form {statistics.stdev(ratio_form):.2f}")
+            out.append(
+                f"#   {_fmt_size(r['size_bytes'])} {r['path']}: difference "
+                f"{statistics.stdev(r['run_added_cpu_us']):.2f}, ratio form {statistics.stdev(ratio_form):.2f}"
+            )
     if "elapsed_s" in record:
         out.append(f"# measured in {record['elapsed_s']:.1f} s")
     return "\n".join(out)
@@ -207,14 +239,16 @@ def format_table(record: dict[str, Any]) -> str:
 
 # ---- measuring ---------------------------------------------------------------------------------------------------
 
+
 def _one_run(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="delaycomm-percall-") as d:
         out = os.path.join(d, "run.json")
         cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec), out]
         t0 = time.monotonic()
         try:
-            proc = subprocess.run(cmd, env=percall_engine.worker_environment(), capture_output=True, text=True,
-                                  timeout=timeout_s)
+            proc = subprocess.run(
+                cmd, env=percall_engine.worker_environment(), capture_output=True, text=True, timeout=timeout_s
+            )
         except subprocess.TimeoutExpired:
             raise RunFailed(f"a measuring process ran past {timeout_s:g} s and was stopped") from None
         if proc.returncode != 0 or not os.path.exists(out):
@@ -265,6 +299,7 @@ def _worker(spec_json: str, out: str) -> int:
 
 # ---- command line ------------------------------------------------------------------------------------------------
 
+
 def _size(text: str) -> int:
     from delaycomm.bench.units import parse_size
 
@@ -301,45 +336,99 @@ def _paths(text: str) -> list[str]:
     names = list(dict.fromkeys(n.strip() for n in text.split(",")))
     bad = [n for n in names if n not in percall_engine.PATHS]
     if bad or not names:
-        raise argparse.ArgumentTypeError(f"unknown path {', '.join(map(repr, bad)) or repr(text)}; expected a "
-                                         f"comma-separated list of: {', '.join(percall_engine.PATHS)}")
+        raise argparse.ArgumentTypeError(
+            f"unknown path {', '.join(map(repr, bad)) or repr(text)}; expected a "
+            f"comma-separated list of: {', '.join(percall_engine.PATHS)}"
+        )
     return names
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python bench/percall.py", description=__doc__.split("\n\n")[0],
-        epilog="paths: " + "; ".join(f"{k}: {v.what}" for k, v in percall_engine.PATHS.items())
-        + ". Sizes are binary (4K = 4096 B). Exit status: 0 ok; 1 the gate failed; 2 bad input; 3 a run failed.")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="cpu",
-                   help="cpu: gloo vs delaycomm; cuda: nccl vs delaycomm (default cpu)")
+        prog="python bench/percall.py",
+        description=__doc__.split("\n\n")[0],
+        epilog="paths: "
+        + "; ".join(f"{k}: {v.what}" for k, v in percall_engine.PATHS.items())
+        + ". Sizes are binary (4K = 4096 B). Exit status: 0 ok; 1 the gate failed; 2 bad input; 3 a run failed.",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="cpu",
+        help="cpu: gloo vs delaycomm; cuda: nccl vs delaycomm (default cpu)",
+    )
     p.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size (default 8)")
     p.add_argument("-e", "--maxbytes", type=_size, default=1 << 20, metavar="SIZE", help="largest size (default 1M)")
-    p.add_argument("-f", "--stepfactor", type=_int_at_least(2), default=128, metavar="F",
-                   help="multiply the size by F each step (default 128)")
-    p.add_argument("--paths", type=_paths, default=list(percall_engine.PATHS), metavar="LIST",
-                   help="comma-separated: " + ", ".join(percall_engine.PATHS) + " (default all)")
+    p.add_argument(
+        "-f",
+        "--stepfactor",
+        type=_int_at_least(2),
+        default=128,
+        metavar="F",
+        help="multiply the size by F each step (default 128)",
+    )
+    p.add_argument(
+        "--paths",
+        type=_paths,
+        default=list(percall_engine.PATHS),
+        metavar="LIST",
+        help="comma-separated: " + ", ".join(percall_engine.PATHS) + " (default all)",
+    )
     p.add_argument("--calls", type=_int_at_least(1), default=400, metavar="N", help="calls per block (default 400)")
-    p.add_argument("--blocks", type=_int_at_least(1), default=30, metavar="N",
-                   help="measured pairs of blocks per size and path in each run (default 30)")
-    p.add_argument("--warmup-blocks", type=_int_at_least(0), default=2, metavar="N",
-                   help="unrecorded pairs first (default 2)")
-    p.add_argument("--runs", type=_int_at_least(1), default=3, metavar="N",
-                   help="runs, each a fresh process; the figure is the median over runs (default 3)")
-    p.add_argument("--inject-us", type=_us, default=0.0, metavar="US",
-                   help="TESTING THE GATE: add this much work (us of CPU time on this machine, calibrated) before "
-                        "every delaycomm call, in this harness (not in the library): a known regression")
+    p.add_argument(
+        "--blocks",
+        type=_int_at_least(1),
+        default=30,
+        metavar="N",
+        help="measured pairs of blocks per size and path in each run (default 30)",
+    )
+    p.add_argument(
+        "--warmup-blocks", type=_int_at_least(0), default=2, metavar="N", help="unrecorded pairs first (default 2)"
+    )
+    p.add_argument(
+        "--runs",
+        type=_int_at_least(1),
+        default=3,
+        metavar="N",
+        help="runs, each a fresh process; the figure is the median over runs (default 3)",
+    )
+    p.add_argument(
+        "--inject-us",
+        type=_us,
+        default=0.0,
+        metavar="US",
+        help="TESTING THE GATE: add this much work (us of CPU time on this machine, calibrated) before "
+        "every delaycomm call, in this harness (not in the library): a known regression",
+    )
     p.add_argument("--timeout", type=float, default=600.0, metavar="S", help="limit per run in seconds (default 600)")
     p.add_argument("--json", default=None, metavar="FILE", help="write the record (every block time, the environment)")
     p.add_argument("--from-json", default=None, metavar="FILE", help="report (and gate) a saved record, not measuring")
-    p.add_argument("--compare", default=None, metavar="BASELINE.json",
-                   help="gate: exit 1 when delaycomm's per-call cost grew by more than --max-added-us")
-    p.add_argument("--max-added-us", type=_us, default=DEFAULT_MAX_ADDED_US, metavar="US",
-                   help=f"the gate's allowance in us per call (default {DEFAULT_MAX_ADDED_US:g})")
-    p.add_argument("--confirm", type=_int_at_least(0), default=1, metavar="N",
-                   help="measure failing items again up to N times in fresh runs; fail only if every time (default 1)")
-    p.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="progress bar on stderr (default auto: when stderr is a terminal)")
+    p.add_argument(
+        "--compare",
+        default=None,
+        metavar="BASELINE.json",
+        help="gate: exit 1 when delaycomm's per-call cost grew by more than --max-added-us",
+    )
+    p.add_argument(
+        "--max-added-us",
+        type=_us,
+        default=DEFAULT_MAX_ADDED_US,
+        metavar="US",
+        help=f"the gate's allowance in us per call (default {DEFAULT_MAX_ADDED_US:g})",
+    )
+    p.add_argument(
+        "--confirm",
+        type=_int_at_least(0),
+        default=1,
+        metavar="N",
+        help="measure failing items again up to N times in fresh runs; fail only if every time (default 1)",
+    )
+    p.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="progress bar on stderr (default auto: when stderr is a terminal)",
+    )
     return p
 
 
@@ -375,8 +464,15 @@ def main(argv: list[str] | None = None) -> int:
         device = a.device if a.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
         if device == "cuda" and not torch.cuda.is_available():
             p.error("argument --device: cuda was asked for but torch sees no CUDA device")
-        spec = {"device": device, "sizes": size_sweep(a.minbytes, a.maxbytes, a.stepfactor), "paths": a.paths,
-                "calls": a.calls, "blocks": a.blocks, "warmup_blocks": a.warmup_blocks, "inject_us": a.inject_us}
+        spec = {
+            "device": device,
+            "sizes": size_sweep(a.minbytes, a.maxbytes, a.stepfactor),
+            "paths": a.paths,
+            "calls": a.calls,
+            "blocks": a.blocks,
+            "warmup_blocks": a.warmup_blocks,
+            "inject_us": a.inject_us,
+        }
         progress = a.progress == "on" or (a.progress == "auto" and sys.stderr.isatty())
         try:
             record = measure(spec, a.runs, progress, a.timeout)
@@ -405,8 +501,11 @@ def main(argv: list[str] | None = None) -> int:
             break
         print(format_gate(verdicts, a.max_added_us).replace("gate: FAIL:", "# so far: over the limit:"))
         print(f"# gate: {len(failed)} items over the limit; confirmation {attempt + 1} of {a.confirm} in fresh runs")
-        spec = dict(record["settings"], sizes=sorted({v.size_bytes for v in failed}),
-                    paths=list(dict.fromkeys(v.path for v in failed)))
+        spec = dict(
+            record["settings"],
+            sizes=sorted({v.size_bytes for v in failed}),
+            paths=list(dict.fromkeys(v.path for v in failed)),
+        )
         try:
             again = measure(spec, len(record["runs"]), False, a.timeout)
         except RunFailed as e:

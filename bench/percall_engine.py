@@ -66,12 +66,18 @@ def _future_then(t, group):
     return lambda: dist.all_reduce(t, group=group, async_op=True).get_future().then(first).wait()
 
 
-PATHS = {p.name: p for p in (
-    Path("sync", "dist.all_reduce(t)", _sync),
-    Path("async_wait", "dist.all_reduce(t, async_op=True).wait()", _async_wait),
-    Path("future_then", "dist.all_reduce(t, async_op=True).get_future().then(f).wait() (DDP comm hooks)",
-         _future_then),
-)}
+PATHS = {
+    p.name: p
+    for p in (
+        Path("sync", "dist.all_reduce(t)", _sync),
+        Path("async_wait", "dist.all_reduce(t, async_op=True).wait()", _async_wait),
+        Path(
+            "future_then",
+            "dist.all_reduce(t, async_op=True).get_future().then(f).wait() (DDP comm hooks)",
+            _future_then,
+        ),
+    )
+}
 
 
 def work(iterations: int) -> None:
@@ -166,9 +172,19 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
                 # Ones: a SUM over one rank leaves them ones, whatever the number of calls (checked at the end).
                 t_raw = torch.ones(n, dtype=torch.float32, device=device)
                 t_dc = torch.ones(n, dtype=torch.float32, device=device)
-                items.append({"size_bytes": n * 4, "path": p.name, "t": (t_raw, t_dc),
-                              "calls": (p.make(t_raw, raw), _injected(p.make(t_dc, dc), iterations)),
-                              "raw_cpu_us": [], "dc_cpu_us": [], "raw_wall_us": [], "dc_wall_us": [], "first": []})
+                items.append(
+                    {
+                        "size_bytes": n * 4,
+                        "path": p.name,
+                        "t": (t_raw, t_dc),
+                        "calls": (p.make(t_raw, raw), _injected(p.make(t_dc, dc), iterations)),
+                        "raw_cpu_us": [],
+                        "dc_cpu_us": [],
+                        "raw_wall_us": [],
+                        "dc_wall_us": [],
+                        "first": [],
+                    }
+                )
         calls, rounds = int(spec["calls"]), int(spec["warmup_blocks"]) + int(spec["blocks"])
         for it in items:  # first calls: connect, allocate, load kernels (not counted: the stats are reset)
             for c in it["calls"]:
@@ -202,15 +218,23 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
         sync()
         wrong = sum(int((t != 1).sum()) for it in items for t in it["t"])
         if wrong:
-            raise RuntimeError(f"{wrong} elements changed: an all_reduce SUM over one rank must leave its input as it "
-                               "was")
+            raise RuntimeError(
+                f"{wrong} elements changed: an all_reduce SUM over one rank must leave its input as it was"
+            )
         st = delaycomm.stats(dc)["ops"].get("allreduce", {})
         counted = st.get("calls", 0)
         if counted != calls_made:
-            raise RuntimeError(f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made "
-                               f"{calls_made}")
-        checks = {"delaycomm_backend": be, "raw_backend": raw_name, "wrong_elements": wrong,
-                  "delaycomm_calls_counted": counted, "delaycomm_calls_made": calls_made, "injection": injection}
+            raise RuntimeError(
+                f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made {calls_made}"
+            )
+        checks = {
+            "delaycomm_backend": be,
+            "raw_backend": raw_name,
+            "wrong_elements": wrong,
+            "delaycomm_calls_counted": counted,
+            "delaycomm_calls_made": calls_made,
+            "injection": injection,
+        }
         for it in items:
             del it["t"], it["calls"]
         return {"items": items, "checks": checks}

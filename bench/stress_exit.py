@@ -39,8 +39,9 @@ def worker(rank: int, world_size: int, init_method: str, backend: str, kill_peer
     if backend == "delaycomm":
         import delaycomm  # noqa: F401 - registers the backend
 
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        backend, init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=20)
+    )
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 8))
     ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=0.01)
@@ -75,8 +76,18 @@ def one_run(backend: str, kill_peer: bool, steps: int, run_timeout: float, env: 
     with tempfile.TemporaryDirectory(prefix="stress-exit-") as d:
         procs = []
         for rank in range(2):
-            cmd = [sys.executable, os.path.abspath(__file__), "--worker", str(rank), "--backend", backend,
-                   "--init", f"file://{d}/store", "--steps", str(steps)] + (["--kill-peer"] if kill_peer else [])
+            cmd = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--worker",
+                str(rank),
+                "--backend",
+                backend,
+                "--init",
+                f"file://{d}/store",
+                "--steps",
+                str(steps),
+            ] + (["--kill-peer"] if kill_peer else [])
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
         deadline = time.monotonic() + run_timeout
         ranks = []
@@ -92,12 +103,25 @@ def one_run(backend: str, kill_peer: bool, steps: int, run_timeout: float, env: 
             rc = p.returncode
             expected_kill = kill_peer and rank == 1 and rc == -signal.SIGKILL
             aborted = rc == -signal.SIGABRT or "terminate called" in text
-            ranks.append({"rank": rank, "rc": rc, "hung": hung, "aborted": aborted,
-                          "ok": rc == 0 or expected_kill,
-                          "stderr_tail": "" if (rc == 0 or expected_kill) and not aborted else text[-600:]})
-    return {"backend": backend, "kill_peer": kill_peer, "ranks": ranks, "elapsed_s": time.monotonic() - t0,
-            "aborts": sum(r["aborted"] for r in ranks), "hangs": sum(r["hung"] for r in ranks),
-            "failures": sum(not r["ok"] for r in ranks)}
+            ranks.append(
+                {
+                    "rank": rank,
+                    "rc": rc,
+                    "hung": hung,
+                    "aborted": aborted,
+                    "ok": rc == 0 or expected_kill,
+                    "stderr_tail": "" if (rc == 0 or expected_kill) and not aborted else text[-600:],
+                }
+            )
+    return {
+        "backend": backend,
+        "kill_peer": kill_peer,
+        "ranks": ranks,
+        "elapsed_s": time.monotonic() - t0,
+        "aborts": sum(r["aborted"] for r in ranks),
+        "hangs": sum(r["hung"] for r in ranks),
+        "failures": sum(not r["ok"] for r in ranks),
+    }
 
 
 def report(args, backends: list[str], runs: list[dict], elapsed: float, final: bool) -> None:
@@ -107,24 +131,40 @@ def report(args, backends: list[str], runs: list[dict], elapsed: float, final: b
     summary = {}
     for b in backends:
         mine = [r for r in runs if r["backend"] == b]
-        summary[b] = {"runs": len(mine), "rank_aborts": sum(r["aborts"] for r in mine),
-                      "rank_hangs": sum(r["hangs"] for r in mine),
-                      "runs_with_a_failure": sum(r["failures"] > 0 for r in mine)}
+        summary[b] = {
+            "runs": len(mine),
+            "rank_aborts": sum(r["aborts"] for r in mine),
+            "rank_hangs": sum(r["hangs"] for r in mine),
+            "runs_with_a_failure": sum(r["failures"] > 0 for r in mine),
+        }
     if final:
         n = max(s["runs"] for s in summary.values())
-        print(f"# stress_exit: {n} runs per backend, kill_peer={args.kill_peer}, steps={args.steps}, "
-              f"{elapsed:.0f} s, load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
-              f"torch {torch.__version__}, Python {platform.python_version()}")
+        print(
+            f"# stress_exit: {n} runs per backend, kill_peer={args.kill_peer}, steps={args.steps}, "
+            f"{elapsed:.0f} s, load average at the end {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs, "
+            f"torch {torch.__version__}, Python {platform.python_version()}"
+        )
         print(f"{'backend':<10} {'runs':>5} {'rank aborts':>12} {'rank hangs':>11} {'failed runs':>12}")
         for b, s in summary.items():
-            print(f"{b:<10} {s['runs']:>5} {s['rank_aborts']:>12} {s['rank_hangs']:>11} "
-                  f"{s['runs_with_a_failure']:>12}")
+            print(f"{b:<10} {s['runs']:>5} {s['rank_aborts']:>12} {s['rank_hangs']:>11} {s['runs_with_a_failure']:>12}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"argv": sys.argv, "torch": torch.__version__, "python": platform.python_version(),
-                       "machine": platform.platform(), "cpus": os.cpu_count(), "elapsed_s": elapsed,
-                       "load_average": os.getloadavg(), "delaycomm_env": json.loads(args.delaycomm_env),
-                       "summary": summary, "runs": runs}, f, indent=1)
+            json.dump(
+                {
+                    "argv": sys.argv,
+                    "torch": torch.__version__,
+                    "python": platform.python_version(),
+                    "machine": platform.platform(),
+                    "cpus": os.cpu_count(),
+                    "elapsed_s": elapsed,
+                    "load_average": os.getloadavg(),
+                    "delaycomm_env": json.loads(args.delaycomm_env),
+                    "summary": summary,
+                    "runs": runs,
+                },
+                f,
+                indent=1,
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -133,14 +173,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backends", default="delaycomm,gloo", help="comma-separated, interleaved (default both)")
     ap.add_argument("--kill-peer", action="store_true", help="rank 1 kills itself (SIGKILL) mid-training")
     ap.add_argument("--steps", type=int, default=12, help="DDP steps per run (default 12)")
-    ap.add_argument("--run-timeout", type=float, default=300.0,
-                    help="seconds before a run counts as hung (default 300: on a loaded 2-core machine starting two "
-                         "ranks alone can take a minute)")
-    ap.add_argument("--max-minutes", type=float, default=0.0,
-                    help="stop after the pair of runs that crosses this many minutes (0: no limit); the report says "
-                         "how many runs were made")
-    ap.add_argument("--delaycomm-env", default=json.dumps(DEFAULT_ENV),
-                    help="JSON object of DELAYCOMM_* variables for the delaycomm runs")
+    ap.add_argument(
+        "--run-timeout",
+        type=float,
+        default=300.0,
+        help="seconds before a run counts as hung (default 300: on a loaded 2-core machine starting two "
+        "ranks alone can take a minute)",
+    )
+    ap.add_argument(
+        "--max-minutes",
+        type=float,
+        default=0.0,
+        help="stop after the pair of runs that crosses this many minutes (0: no limit); the report says "
+        "how many runs were made",
+    )
+    ap.add_argument(
+        "--delaycomm-env",
+        default=json.dumps(DEFAULT_ENV),
+        help="JSON object of DELAYCOMM_* variables for the delaycomm runs",
+    )
     ap.add_argument("--json", help="write the record (argv, versions, settings, every run) to this file")
     ap.add_argument("--worker", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--backend", help=argparse.SUPPRESS)
@@ -170,12 +221,17 @@ def main(argv: list[str] | None = None) -> int:
                 bar.set_postfix({x: sum(q["aborts"] for q in runs if q["backend"] == x) for x in backends})
             for rk in r["ranks"]:
                 if rk["aborted"] or rk["hung"] or not rk["ok"]:
-                    print(f"# run {i} {b} rank {rk['rank']}: rc={rk['rc']} hung={rk['hung']} "
-                          f"aborted={rk['aborted']}: {rk['stderr_tail'][-300:]!r}", file=sys.stderr)
+                    print(
+                        f"# run {i} {b} rank {rk['rank']}: rc={rk['rc']} hung={rk['hung']} "
+                        f"aborted={rk['aborted']}: {rk['stderr_tail'][-300:]!r}",
+                        file=sys.stderr,
+                    )
         report(args, backends, runs, time.monotonic() - t0, final=False)
         if args.max_minutes and time.monotonic() - t0 > 60 * args.max_minutes:
-            print(f"# stopping after {i + 1} runs per backend: --max-minutes {args.max_minutes:g} reached",
-                  file=sys.stderr)
+            print(
+                f"# stopping after {i + 1} runs per backend: --max-minutes {args.max_minutes:g} reached",
+                file=sys.stderr,
+            )
             break
     if bar:
         bar.close()

@@ -19,8 +19,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import kernel_bandwidth as kb
 
 _has_cuda = torch.cuda.is_available() and bool(_C.cuda_compiled)
-DEVICES = ["cpu", pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(
-    not _has_cuda, reason="needs a CUDA device and a delaycomm built with CUDA")])]
+DEVICES = [
+    "cpu",
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _has_cuda, reason="needs a CUDA device and a delaycomm built with CUDA"),
+        ],
+    ),
+]
 SIZE_BYTES = {"cpu": 4 << 20, "cuda": 256 << 20}
 
 

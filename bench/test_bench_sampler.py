@@ -6,8 +6,7 @@ import pytest
 
 import delaycomm
 
-SPECS = ["exp:p99=400ms", "exp:mean=400ms", "lognormal:p50=60ms,p99=400ms", "pareto:p50=60ms,p99=400ms",
-         "const:50ms"]
+SPECS = ["exp:p99=400ms", "exp:mean=400ms", "lognormal:p50=60ms,p99=400ms", "pareto:p50=60ms,p99=400ms", "const:50ms"]
 N = 100_000
 
 

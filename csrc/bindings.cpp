@@ -8,12 +8,12 @@
 #include <optional>
 #include <stdexcept>
 
+#include <c10/util/Logging.h>
 #include <pybind11/chrono.h>
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
-#include <c10/util/Logging.h>
 
 #include "backend/DelayBackend.hpp"
 #include "delay/DelaySpec.hpp"
@@ -25,8 +25,8 @@
 #include "delay/GpuDelay.hpp"
 #endif
 #include "kernels/Blend.hpp"
-#include "stats/Histogram.hpp"
 #include "ops/OpTable.hpp"
+#include "stats/Histogram.hpp"
 #include "stats/OpStats.hpp"
 
 namespace py = pybind11;
@@ -181,7 +181,7 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
   const auto src = e ? e->stepSource() : StalenessEngine::StepSource{};
   using Kind = StalenessEngine::StepSource::Kind;
   stale["step_ms"] = static_cast<double>(src.stepNs) * 1e-6;
-  stale["step_source"] = !e                             ? "off"
+  stale["step_source"] = !e                              ? "off"
                          : src.kind == Kind::kConfigured ? "step_ms"
                          : src.kind == Kind::kCalibrated ? "calibrated"
                                                          : "calibrating";
@@ -273,7 +273,7 @@ void bindDelay(py::module_& m) {
       [](const std::string& text) {
         std::optional<DelaySampler> sampler;
         {
-          py::gil_scoped_release release;  // a trace file may be long
+          py::gil_scoped_release release;         // a trace file may be long
           sampler.emplace(parseDelaySpec(text));  // solving may reject it too
         }
         return describeSampler(*sampler);
@@ -286,10 +286,9 @@ void bindDelay(py::module_& m) {
   m.def(
       "counter_uniforms",
       [](int64_t seed, int64_t rank, int64_t stream, int64_t seq) {
-        return counterUniforms(checkedUnsigned(seed, "counter_uniforms", "seed"),
-                               checkedUnsigned(rank, "counter_uniforms", "rank"),
-                               checkedUnsigned(stream, "counter_uniforms", "stream"),
-                               checkedUnsigned(seq, "counter_uniforms", "seq"));
+        return counterUniforms(
+            checkedUnsigned(seed, "counter_uniforms", "seed"), checkedUnsigned(rank, "counter_uniforms", "rank"),
+            checkedUnsigned(stream, "counter_uniforms", "stream"), checkedUnsigned(seq, "counter_uniforms", "seq"));
       },
       py::arg("seed"), py::arg("rank"), py::arg("stream"), py::arg("seq"));
   m.def("_philox4x32", &philox4x32, py::arg("counter"), py::arg("key"));
@@ -298,8 +297,8 @@ void bindDelay(py::module_& m) {
       [](double seconds) {
         // NOTE: the bound keeps seconds x 1e9 in int64 nanoseconds (llround of more is undefined).
         if (!(seconds >= 0.0) || !(seconds <= 9.0e9)) {
-          throw std::invalid_argument(c10::str("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got ",
-                                               seconds));
+          throw std::invalid_argument(
+              c10::str("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got ", seconds));
         }
         py::gil_scoped_release release;
         sleepForPrecise(std::chrono::nanoseconds(static_cast<int64_t>(std::llround(seconds * 1e9))));
@@ -418,8 +417,10 @@ void bindDelay(py::module_& m) {
         d["family"] = r.family;
         d["fraction"] = r.fraction;
         std::vector<std::pair<double, double>> comp, achieved;
-        for (const auto& c : r.component) comp.emplace_back(c.q, c.seconds);
-        for (const auto& a : r.achieved) achieved.emplace_back(a.q, a.seconds);
+        for (const auto& c : r.component)
+          comp.emplace_back(c.q, c.seconds);
+        for (const auto& a : r.achieved)
+          achieved.emplace_back(a.q, a.seconds);
         d["component"] = comp;
         d["achieved"] = achieved;
         return d;
@@ -459,7 +460,8 @@ PYBIND11_MODULE(_C, m) {
                              [](const OpInfo& o) {
                                std::vector<std::string> names;
                                for (const char* a : o.aliases) {
-                                 if (a) names.emplace_back(a);
+                                 if (a)
+                                   names.emplace_back(a);
                                }
                                return py::tuple(py::cast(names));
                              })
@@ -511,8 +513,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<DelayBackend, GilReleasingHolder<DelayBackend>, c10d::Backend>(m, "DelayBackend")
       .def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                        c10::intrusive_ptr<c10d::Backend> cudaInner, const BackendOptions& options) {
-             return GilReleasingHolder<DelayBackend>(c10::make_intrusive<DelayBackend>(
-                 rank, size, std::move(cpuInner), std::move(cudaInner), options));
+             return GilReleasingHolder<DelayBackend>(
+                 c10::make_intrusive<DelayBackend>(rank, size, std::move(cpuInner), std::move(cudaInner), options));
            }),
            py::arg("rank"), py::arg("size"), py::arg("cpu_inner"), py::arg("cuda_inner"), py::arg("options"),
            py::call_guard<py::gil_scoped_release>())
@@ -540,12 +542,11 @@ PYBIND11_MODULE(_C, m) {
             return py::make_tuple(e ? e->pendingHere() : 0, e ? e->pendingGlobal() : 0);
           },
           "(this rank's pending stale contributions, the group's)")
-      .def(
-          "stale_windowed_ratio",
-          [](DelayBackend& self) {
-            auto* e = self.staleness();
-            return e ? e->windowedRatio() : 0.0;
-          })
+      .def("stale_windowed_ratio",
+           [](DelayBackend& self) {
+             auto* e = self.staleness();
+             return e ? e->windowedRatio() : 0.0;
+           })
       .def(
           "_set_warning_hook",
           [](DelayBackend& self, py::function fn) {
@@ -594,7 +595,8 @@ PYBIND11_MODULE(_C, m) {
                                                           "The telemetry histogram (exposed for tests).")
       .def(py::init<>())
       .def("record", &LogHistogram::record, py::arg("value"))
-      .def("quantile", [](const LogHistogram& h, double q) { return h.snapshot().quantile(q); }, py::arg("q"))
+      .def(
+          "quantile", [](const LogHistogram& h, double q) { return h.snapshot().quantile(q); }, py::arg("q"))
       .def("summary", [](const LogHistogram& h) { return summarize(h, 1.0, ""); })
       .def("reset", &LogHistogram::reset);
 
@@ -602,9 +604,8 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_fused_blend",
       [](at::Tensor grad, double freshScale, const std::vector<at::Tensor>& stale,
-         const std::vector<double>& staleScales, const std::optional<at::Tensor>& stash) {
-        kernels::fusedBlend(grad, freshScale, stale, staleScales, stash);
-      },
+         const std::vector<double>& staleScales,
+         const std::optional<at::Tensor>& stash) { kernels::fusedBlend(grad, freshScale, stale, staleScales, stash); },
       py::arg("grad"), py::arg("fresh_scale"), py::arg("stale"), py::arg("stale_scales"),
       // NOTE: keeps the GIL (no gil_scoped_release): this is a test and benchmark entry point, and on the H200
       // machine (torch 2.11, Python 3.12, GCC 13) the first bad-input test segfaulted while raising under a

@@ -52,8 +52,10 @@ def main() -> None:
     leftover = delaycomm.flush()
 
     if rank == 0:
-        print(f"# {args.steps} steps on {world} ranks in {elapsed:.2f} s ({args.steps / elapsed:.1f} steps/s)"
-              + (f"; flush delivered the pending contributions of {len(leftover)} bucket(s)" if leftover else ""))
+        print(
+            f"# {args.steps} steps on {world} ranks in {elapsed:.2f} s ({args.steps / elapsed:.1f} steps/s)"
+            + (f"; flush delivered the pending contributions of {len(leftover)} bucket(s)" if leftover else "")
+        )
         print(delaycomm.report(dist.group.WORLD), flush=True)
     dist.destroy_process_group()
 

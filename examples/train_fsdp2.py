@@ -63,8 +63,10 @@ def main() -> None:
     leftover = delaycomm.flush()
 
     if rank == 0:
-        print(f"# {args.steps} steps on {world} ranks in {elapsed:.2f} s ({args.steps / elapsed:.1f} steps/s)"
-              + (f"; flush delivered the pending contributions of {len(leftover)} stream(s)" if leftover else ""))
+        print(
+            f"# {args.steps} steps on {world} ranks in {elapsed:.2f} s ({args.steps / elapsed:.1f} steps/s)"
+            + (f"; flush delivered the pending contributions of {len(leftover)} stream(s)" if leftover else "")
+        )
         print(delaycomm.report(dist.group.WORLD), flush=True)
         if args.loss_log:
             with open(args.loss_log, "w") as f:

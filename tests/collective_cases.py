@@ -13,8 +13,17 @@ import torch.distributed as dist
 
 R = dist.ReduceOp
 REDUCE_OPS = {"sum": R.SUM, "avg": R.AVG, "max": R.MAX, "min": R.MIN, "product": R.PRODUCT}
-DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8, torch.int32,
-          torch.int64, torch.bool)
+DTYPES = (
+    torch.float32,
+    torch.float64,
+    torch.float16,
+    torch.bfloat16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+)
 N = 13  # odd, so that no size is a multiple of a vector width
 
 
@@ -149,8 +158,14 @@ def _all_reduce_coalesced_manager(g, rank, world, dtype, op):
 
 
 # Cases that run over every dtype; the others run over a few representative ones (CI has 2 cores).
-FULL_DTYPE_CASES = {"all_reduce", "reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor",
-                    "all_to_all_single_uneven"}
+FULL_DTYPE_CASES = {
+    "all_reduce",
+    "reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single_uneven",
+}
 FEW_DTYPES = (torch.float32, torch.bfloat16, torch.int64)
 
 # name -> (run, uses_reduce_op)
@@ -200,16 +215,18 @@ def compare_case(name: str, rank: int, world: int, dc_group, gloo_group, dtypes=
     _, uses_op = CASES[name]
     ops = REDUCE_OPS.items() if uses_op else [("-", R.SUM)]
     problems = []
-    for dtype in (dtypes if name in FULL_DTYPE_CASES else [d for d in dtypes if d in FEW_DTYPES]):
+    for dtype in dtypes if name in FULL_DTYPE_CASES else [d for d in dtypes if d in FEW_DTYPES]:
         for op_name, op in ops:
             ref_status, ref = run_case(name, gloo_group, rank, world, dtype, op)
             got_status, got = run_case(name, dc_group, rank, world, dtype, op)
             where = f"{name} {dtype} {op_name}"
             want = "error" if expected_refusal(name, dtype, op_name) else "ok"
             if (ref_status, got_status) != (want, want):
-                problems.append(f"{where}: expected {want} from both, got gloo {ref_status} "
-                                f"({ref if ref_status == 'error' else 'ok'}), delaycomm {got_status} "
-                                f"({got if got_status == 'error' else 'ok'})")
+                problems.append(
+                    f"{where}: expected {want} from both, got gloo {ref_status} "
+                    f"({ref if ref_status == 'error' else 'ok'}), delaycomm {got_status} "
+                    f"({got if got_status == 'error' else 'ok'})"
+                )
                 continue
             if want == "error":
                 if ref != got:

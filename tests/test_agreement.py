@@ -16,38 +16,95 @@ pytestmark = [pytest.mark.multiproc]
 
 # option -> (rank 0's keyword value, rank 1's, the line the error shows for it). Every option that must match.
 MISMATCH = {
-    "delay": ("exp:p99=400ms", "exp:p99=200ms",
-              "  delay: 'exp:p99=400ms' on rank 0 (from the keyword delay= of DelayConfig); 'exp:p99=200ms' on rank 1 "
-              "(from the keyword delay= of DelayConfig)"),
-    "delay_fraction": (0.3, 0.5, "  delay_fraction: '0.3' on rank 0 (from the keyword delay_fraction= of "
-                       "DelayConfig); '0.5' on rank 1 (from the keyword delay_fraction= of DelayConfig)"),
-    "delay_ranks": ("0", "all", "  delay_ranks: '0' on rank 0 (from the keyword delay_ranks= of DelayConfig); 'all' "
-                    "on rank 1 (from the keyword delay_ranks= of DelayConfig)"),
-    "delay_ops": ("allreduce", "broadcast", "  delay_ops: 'allreduce' on rank 0 (from the keyword delay_ops= of "
-                  "DelayConfig); 'broadcast' on rank 1 (from the keyword delay_ops= of DelayConfig)"),
-    "delay_where": ("network", "host", "  delay_where: 'network' on rank 0 (from the keyword delay_where= of "
-                    "DelayConfig); 'host' on rank 1 (from the keyword delay_where= of DelayConfig)"),
-    "slowdown": ("0:2x", "none", "  slowdown: '0:2x' on rank 0 (from the keyword slowdown= of DelayConfig); 'none' on "
-                 "rank 1 (from the keyword slowdown= of DelayConfig)"),
-    "seed": (1, 2, "  seed: '1' on rank 0 (from the keyword seed= of DelayConfig); '2' on rank 1 (from the keyword "
-             "seed= of DelayConfig)"),
-    "staleness": ("ssp:2", "bsp", "  staleness: 'ssp:2' on rank 0 (from the keyword staleness= of DelayConfig); 'bsp' "
-                  "on rank 1 (from the keyword staleness= of DelayConfig)"),
-    "stale_policy": ("ema", "apply", "  stale_policy: 'ema' on rank 0 (from the keyword stale_policy= of "
-                     "DelayConfig); 'apply' on rank 1 (from the keyword stale_policy= of DelayConfig)"),
-    "ema_alpha": (0.1, 0.2, "  ema_alpha: '0.1' on rank 0 (from the keyword ema_alpha= of DelayConfig); '0.2' on "
-                  "rank 1 (from the keyword ema_alpha= of DelayConfig)"),
-    "step_ms": ("auto", 5, "  step_ms: 'auto' on rank 0 (from the keyword step_ms= of DelayConfig); '5.0' on rank 1 "
-                "(from the keyword step_ms= of DelayConfig)"),
-    "max_pending": (64, 8, "  max_pending: '64' on rank 0 (from the keyword max_pending= of DelayConfig); '8' on "
-                    "rank 1 (from the keyword max_pending= of DelayConfig)"),
-    "nccl_algo": ("allreduce:tree", "auto", "  nccl_algo: 'allreduce:tree' on rank 0 (from the keyword nccl_algo= of "
-                  "DelayConfig); 'auto' on rank 1 (from the keyword nccl_algo= of DelayConfig)"),
-    "nccl_buffsize": ("2MiB", "4MiB", "  nccl_buffsize: '2097152' on rank 0 (from the keyword nccl_buffsize= of "
-                      "DelayConfig); '4194304' on rank 1 (from the keyword nccl_buffsize= of DelayConfig)"),
+    "delay": (
+        "exp:p99=400ms",
+        "exp:p99=200ms",
+        "  delay: 'exp:p99=400ms' on rank 0 (from the keyword delay= of DelayConfig); 'exp:p99=200ms' on rank 1 "
+        "(from the keyword delay= of DelayConfig)",
+    ),
+    "delay_fraction": (
+        0.3,
+        0.5,
+        "  delay_fraction: '0.3' on rank 0 (from the keyword delay_fraction= of "
+        "DelayConfig); '0.5' on rank 1 (from the keyword delay_fraction= of DelayConfig)",
+    ),
+    "delay_ranks": (
+        "0",
+        "all",
+        "  delay_ranks: '0' on rank 0 (from the keyword delay_ranks= of DelayConfig); 'all' "
+        "on rank 1 (from the keyword delay_ranks= of DelayConfig)",
+    ),
+    "delay_ops": (
+        "allreduce",
+        "broadcast",
+        "  delay_ops: 'allreduce' on rank 0 (from the keyword delay_ops= of "
+        "DelayConfig); 'broadcast' on rank 1 (from the keyword delay_ops= of DelayConfig)",
+    ),
+    "delay_where": (
+        "network",
+        "host",
+        "  delay_where: 'network' on rank 0 (from the keyword delay_where= of "
+        "DelayConfig); 'host' on rank 1 (from the keyword delay_where= of DelayConfig)",
+    ),
+    "slowdown": (
+        "0:2x",
+        "none",
+        "  slowdown: '0:2x' on rank 0 (from the keyword slowdown= of DelayConfig); 'none' on "
+        "rank 1 (from the keyword slowdown= of DelayConfig)",
+    ),
+    "seed": (
+        1,
+        2,
+        "  seed: '1' on rank 0 (from the keyword seed= of DelayConfig); '2' on rank 1 (from the keyword "
+        "seed= of DelayConfig)",
+    ),
+    "staleness": (
+        "ssp:2",
+        "bsp",
+        "  staleness: 'ssp:2' on rank 0 (from the keyword staleness= of DelayConfig); 'bsp' "
+        "on rank 1 (from the keyword staleness= of DelayConfig)",
+    ),
+    "stale_policy": (
+        "ema",
+        "apply",
+        "  stale_policy: 'ema' on rank 0 (from the keyword stale_policy= of "
+        "DelayConfig); 'apply' on rank 1 (from the keyword stale_policy= of DelayConfig)",
+    ),
+    "ema_alpha": (
+        0.1,
+        0.2,
+        "  ema_alpha: '0.1' on rank 0 (from the keyword ema_alpha= of DelayConfig); '0.2' on "
+        "rank 1 (from the keyword ema_alpha= of DelayConfig)",
+    ),
+    "step_ms": (
+        "auto",
+        5,
+        "  step_ms: 'auto' on rank 0 (from the keyword step_ms= of DelayConfig); '5.0' on rank 1 "
+        "(from the keyword step_ms= of DelayConfig)",
+    ),
+    "max_pending": (
+        64,
+        8,
+        "  max_pending: '64' on rank 0 (from the keyword max_pending= of DelayConfig); '8' on "
+        "rank 1 (from the keyword max_pending= of DelayConfig)",
+    ),
+    "nccl_algo": (
+        "allreduce:tree",
+        "auto",
+        "  nccl_algo: 'allreduce:tree' on rank 0 (from the keyword nccl_algo= of "
+        "DelayConfig); 'auto' on rank 1 (from the keyword nccl_algo= of DelayConfig)",
+    ),
+    "nccl_buffsize": (
+        "2MiB",
+        "4MiB",
+        "  nccl_buffsize: '2097152' on rank 0 (from the keyword nccl_buffsize= of "
+        "DelayConfig); '4194304' on rank 1 (from the keyword nccl_buffsize= of DelayConfig)",
+    ),
 }
-HEAD = ("delaycomm: group '0': the ranks give different values to options that must be the same on every rank "
-        "(every rank of the group raises this error):\n")
+HEAD = (
+    "delaycomm: group '0': the ranks give different values to options that must be the same on every rank "
+    "(every rank of the group raises this error):\n"
+)
 TAIL = "\ngive each of them one value on every rank (options that may differ per rank: stats)"
 
 
@@ -60,9 +117,14 @@ def _attempts(rank, world, cases, rdzv):
     out = {}
     for i, (name, v0, v1) in enumerate(cases):
         try:
-            dist.init_process_group("delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=20),
-                                    pg_options=delaycomm.DelayConfig(**{name: v0 if rank == 0 else v1}))
+            dist.init_process_group(
+                "delaycomm",
+                init_method=f"file://{rdzv}{i}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=20),
+                pg_options=delaycomm.DelayConfig(**{name: v0 if rank == 0 else v1}),
+            )
         except ValueError as e:
             out[name] = str(e)
             continue
@@ -93,13 +155,18 @@ def _reuse_store(rank, world):
 
     import delaycomm
 
-    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0,
-                          timeout=timedelta(seconds=60))
+    store = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, rank == 0, timeout=timedelta(seconds=60))
     out = []
     for seed in ({0: 1, 1: 2}[rank], 5):  # a failed creation leaves its keys behind; the next one must not read them
         try:
-            dist.init_process_group("delaycomm", store=store, rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=20), pg_options=delaycomm.DelayConfig(seed=seed))
+            dist.init_process_group(
+                "delaycomm",
+                store=store,
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=20),
+                pg_options=delaycomm.DelayConfig(seed=seed),
+            )
         except ValueError as e:
             out.append(str(e).splitlines()[1])
             continue
@@ -113,8 +180,10 @@ def _reuse_store(rank, world):
 @pytest.mark.timeout(120)
 def test_a_group_recreated_on_the_same_store_agrees_afresh():
     res = run_procs(_reuse_store, 2, timeout=90)
-    line = ("  seed: '1' on rank 0 (from the keyword seed= of DelayConfig); '2' on rank 1 (from the keyword seed= of "
-            "DelayConfig)")
+    line = (
+        "  seed: '1' on rank 0 (from the keyword seed= of DelayConfig); '2' on rank 1 (from the keyword seed= of "
+        "DelayConfig)"
+    )
     assert res[0] == res[1] == [line, [2.0, 2.0]]
 
 
@@ -132,8 +201,9 @@ def _env_world(rank, world, attempts, rdzv):
         os.environ.update(per_rank_env[rank])
         t0 = time.monotonic()
         try:
-            dist.init_process_group("delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=20))
+            dist.init_process_group(
+                "delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world, timeout=timedelta(seconds=20)
+            )
         except ValueError as e:
             out.append({"error": str(e), "s": time.monotonic() - t0})
             continue
@@ -158,23 +228,27 @@ def env_runs(tmp_path_factory):
 
 @pytest.mark.timeout(150)
 def test_staleness_set_on_one_rank_only_fails_on_both(env_runs):
-    expected = (HEAD +
-                "  seed: '3' on rank 0 (from the environment variable DELAYCOMM_SEED); '4' on rank 1 (from the "
-                "environment variable DELAYCOMM_SEED)\n"
-                "  staleness: 'ssp:2' on rank 0 (from the environment variable DELAYCOMM_STALENESS); 'bsp' on rank 1 "
-                "(from the default)" + TAIL)
+    expected = (
+        HEAD + "  seed: '3' on rank 0 (from the environment variable DELAYCOMM_SEED); '4' on rank 1 (from the "
+        "environment variable DELAYCOMM_SEED)\n"
+        "  staleness: 'ssp:2' on rank 0 (from the environment variable DELAYCOMM_STALENESS); 'bsp' on rank 1 "
+        "(from the default)" + TAIL
+    )
     assert env_runs[0][0]["error"] == env_runs[1][0]["error"] == expected
 
 
 @pytest.mark.timeout(150)
 def test_a_bad_value_on_one_rank_fails_every_rank_at_once(env_runs):
-    own = ("delaycomm: invalid value '-1' for option 'seed' from the environment variable DELAYCOMM_SEED: expected "
-           "an integer in [0, 2^63)")
+    own = (
+        "delaycomm: invalid value '-1' for option 'seed' from the environment variable DELAYCOMM_SEED: expected "
+        "an integer in [0, 2^63)"
+    )
     group = re.match(r"delaycomm: group '(\d+)'", env_runs[0][1]["error"] or "")
     assert env_runs[1][1]["error"] == own
     assert env_runs[0][1]["error"] == (
         f"delaycomm: group '{group.group(1) if group else '?'}' cannot be created: the options of rank 1 were "
-        f"rejected (every rank of the group raises this error):\n  rank 1: {own}")
+        f"rejected (every rank of the group raises this error):\n  rank 1: {own}"
+    )
     assert env_runs[0][1]["s"] < 15, "rank 0 waited for the group's timeout instead of failing with rank 1"
 
 
@@ -187,9 +261,14 @@ def _trace_world(rank, world, paths):
     out = {}
     for attempt, per_rank in enumerate(paths):
         try:
-            dist.init_process_group("delaycomm", init_method=f"file://{per_rank[2]}", rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=20),
-                                    pg_options=delaycomm.DelayConfig(delay=f"trace:{per_rank[rank]}"))
+            dist.init_process_group(
+                "delaycomm",
+                init_method=f"file://{per_rank[2]}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=20),
+                pg_options=delaycomm.DelayConfig(delay=f"trace:{per_rank[rank]}"),
+            )
         except ValueError as e:
             out[attempt] = str(e)
             continue
@@ -211,8 +290,10 @@ def test_trace_files_are_compared_by_content_not_path(tmp_path):
     assert res[0][0] == res[1][0] == 2.0  # different paths, one content: agreed
     d0 = __import__("delaycomm")._C.parse_delay_spec(f"trace:{same0}")["trace_digest"]
     d1 = __import__("delaycomm")._C.parse_delay_spec(f"trace:{other}")["trace_digest"]
-    expected = (HEAD + f"  delay: 'trace:{same0} (content {d0})' on rank 0 (from the keyword delay= of DelayConfig); "
-                f"'trace:{other} (content {d1})' on rank 1 (from the keyword delay= of DelayConfig)" + TAIL)
+    expected = (
+        HEAD + f"  delay: 'trace:{same0} (content {d0})' on rank 0 (from the keyword delay= of DelayConfig); "
+        f"'trace:{other} (content {d1})' on rank 1 (from the keyword delay= of DelayConfig)" + TAIL
+    )
     assert res[0][1] == res[1][1] == expected
 
 
@@ -252,10 +333,12 @@ def _subgroups(rank, world):
 def test_subgroups_compare_their_members_only():
     res = run_procs(_subgroups, 3, timeout=120)
     assert res[0]["sub"] == "non-member"
-    expected = ("delaycomm: group '1': the ranks give different values to options that must be the same on every "
-                "rank (every rank of the group raises this error):\n"
-                "  seed: '1' on rank 1 (from the keyword seed= of DelayConfig); '2' on rank 2 (from the keyword seed= "
-                "of DelayConfig)" + TAIL)
+    expected = (
+        "delaycomm: group '1': the ranks give different values to options that must be the same on every "
+        "rank (every rank of the group raises this error):\n"
+        "  seed: '1' on rank 1 (from the keyword seed= of DelayConfig); '2' on rank 2 (from the keyword seed= "
+        "of DelayConfig)" + TAIL
+    )
     assert res[1]["sub"] == res[2]["sub"] == expected
     assert res[0]["agreeing_sub"] == res[1]["agreeing_sub"] == 2.0
     assert res[0]["world"] == res[1]["world"] == res[2]["world"] == 3.0
@@ -284,7 +367,9 @@ def test_the_agreement_waits_no_longer_than_the_group_timeout():
     res = run_procs(_absent_peer, 2, timeout=90)
     kind, msg, seconds = res[0]
     assert kind == "DistStoreError", (kind, msg)
-    assert msg == ("delaycomm: group '1' rank 0: creating the group timed out after 3 s (the group's timeout) waiting "
-                   "for rank 1 to publish its options; a rank that never creates the group, or that failed before "
-                   "delaycomm's checks, leaves the others waiting")
+    assert msg == (
+        "delaycomm: group '1' rank 0: creating the group timed out after 3 s (the group's timeout) waiting "
+        "for rank 1 to publish its options; a rank that never creates the group, or that failed before "
+        "delaycomm's checks, leaves the others waiting"
+    )
     assert seconds < 3 + 10  # the group's timeout, with room for a loaded machine

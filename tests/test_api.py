@@ -66,8 +66,12 @@ def test_batch_isend_irecv():
         g, rank, world = ctx.group(), ctx.rank, ctx.world_size
         nxt, prv = (rank + 1) % world, (rank - 1) % world
         got = torch.zeros(2)
-        reqs = dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.full((2,), 10.0 + rank), group=g, group_peer=prv),
-                                       dist.P2POp(dist.irecv, got, group=g, group_peer=nxt)])
+        reqs = dist.batch_isend_irecv(
+            [
+                dist.P2POp(dist.isend, torch.full((2,), 10.0 + rank), group=g, group_peer=prv),
+                dist.P2POp(dist.irecv, got, group=g, group_peer=nxt),
+            ]
+        )
         for r in reqs:
             r.wait()
         return got.tolist()
@@ -95,8 +99,7 @@ def test_sparse_all_reduce_matches_the_dense_sum():
     # Gloo supports sparse all_reduce on CPU, so delaycomm does.
     def body(ctx):
         g = ctx.group()
-        sp = torch.sparse_coo_tensor(torch.tensor([[ctx.rank % 3]]), torch.tensor([1.0]), (3,),
-                                     check_invariants=True)
+        sp = torch.sparse_coo_tensor(torch.tensor([[ctx.rank % 3]]), torch.tensor([1.0]), (3,), check_invariants=True)
         dist.all_reduce(sp, group=g)
         return sp.to_dense().tolist()
 
@@ -126,13 +129,19 @@ def test_telemetry_counts_every_call():
 
 BAD_INPUT = {
     # the public API dispatches meta tensors elsewhere; the backend itself must refuse a mixed list
-    "mixed_devices": (lambda g: _cpu_backend(g).allreduce([torch.zeros(2), torch.zeros(2, device="meta")]),
-                      "must all be on one device type, got cpu and meta"),
-    "meta_device": (lambda g: _cpu_backend(g).allreduce([torch.zeros(2, device="meta")]),
-                    "Backend delaycomm does not support allreduce on meta"),
+    "mixed_devices": (
+        lambda g: _cpu_backend(g).allreduce([torch.zeros(2), torch.zeros(2, device="meta")]),
+        "must all be on one device type, got cpu and meta",
+    ),
+    "meta_device": (
+        lambda g: _cpu_backend(g).allreduce([torch.zeros(2, device="meta")]),
+        "Backend delaycomm does not support allreduce on meta",
+    ),
     "non_contiguous": (lambda g: dist.all_reduce(torch.zeros(4, 4).t(), group=g), "must be contiguous"),
-    "sparse_broadcast": (lambda g: _cpu_backend(g).broadcast([torch.zeros(3).to_sparse()]),
-                         "is sparse; only all_reduce"),
+    "sparse_broadcast": (
+        lambda g: _cpu_backend(g).broadcast([torch.zeros(3).to_sparse()]),
+        "is sparse; only all_reduce",
+    ),
 }
 
 
@@ -211,9 +220,14 @@ def _reinit(rank, world, stats_path, rdzv):
     dist.destroy_process_group()
     # NOTE: the second world rendezvouses through a file: re-creating the TCPStore on the same port races (a fast
     # rank can reach the old store before the slow rank tears it down), in torch with any backend.
-    dist.init_process_group("delaycomm", init_method=f"file://{rdzv}", rank=rank, world_size=world,
-                            timeout=timedelta(seconds=30),
-                            pg_options=delaycomm.DelayConfig(stats=stats_path))
+    dist.init_process_group(
+        "delaycomm",
+        init_method=f"file://{rdzv}",
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=30),
+        pg_options=delaycomm.DelayConfig(stats=stats_path),
+    )
     t = torch.ones(2)
     for _ in range(3):
         dist.all_reduce(t)

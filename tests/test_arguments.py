@@ -36,46 +36,78 @@ def _z(n, dtype=torch.float32):
 NOT_ROOT = "outputTensors must be empty on a rank other than the root (0), got 1 list(s) on rank 1"
 CASES = {
     # name: (call(backend, rank), {rank: message})
-    "gather_count": (lambda b, r: b.gather([[_z(2)] * 3], [_z(2)], _gather_opts(0)),
-                     {0: "delaycomm: gather: outputTensors[0] must hold one tensor per rank (2) on the root, got 3",
-                      1: "delaycomm: gather: " + NOT_ROOT}),
-    "gather_sizes": (lambda b, r: b.gather([[_z(3), _z(2)]], [_z(2)], _gather_opts(0)),
-                     {0: "delaycomm: gather: outputTensors[0][0] must have the dtype, sizes and device type of "
-                         "inputTensors[0] (Float [2] on cpu), got Float [3] on cpu",
-                      1: "delaycomm: gather: " + NOT_ROOT}),
-    "gather_two_inputs": (lambda b, r: b.gather([], [_z(2), _z(2)], _gather_opts(0)),
-                          {r: "delaycomm: gather: inputTensors must hold exactly one tensor, got 2" for r in (0, 1)}),
-    "gather_root": (lambda b, r: b.gather([], [_z(2)], _gather_opts(5)),
-                    {r: "delaycomm: gather: the root must be a rank of the group, in [0, 2), got 5" for r in (0, 1)}),
-    "scatter_dtype": (lambda b, r: b.scatter([_z(2)], [[_z(2, torch.int32), _z(2)]], _scatter_opts(0)),
-                      {0: "delaycomm: scatter: inputTensors[0][0] must have the dtype, sizes and device type of "
-                          "outputTensors[0] (Float [2] on cpu), got Int [2] on cpu",
-                       1: "delaycomm: scatter: inputTensors must be empty on a rank other than the root (0), got 1 "
-                          "list(s) on rank 1"}),
-    "scatter_two_outputs": (lambda b, r: b.scatter([_z(2), _z(2)], [], _scatter_opts(0)),
-                            {r: "delaycomm: scatter: outputTensors must hold exactly one tensor, got 2"
-                             for r in (0, 1)}),
-    "reduce_scatter_count": (lambda b, r: b.reduce_scatter([_z(2)], [[_z(2)] * 3], dist.ReduceScatterOptions()),
-                             {r: "delaycomm: reduce_scatter: inputTensors[0] must hold one tensor per rank (2), got 3"
-                              for r in (0, 1)}),
-    "reduce_scatter_lists": (lambda b, r: b.reduce_scatter([_z(2)], [], dist.ReduceScatterOptions()),
-                             {r: "delaycomm: reduce_scatter: inputTensors must hold one list per output tensor (1), "
-                                 "got 0" for r in (0, 1)}),
-    "reduce_scatter_sizes": (lambda b, r: b.reduce_scatter([_z(2)], [[_z(2), _z(3)]], dist.ReduceScatterOptions()),
-                             {r: "delaycomm: reduce_scatter: inputTensors[0][1] must have the dtype, sizes and device "
-                                 "type of outputTensors[0] (Float [2] on cpu), got Float [3] on cpu" for r in (0, 1)}),
-    "allgather_coalesced_lists": (lambda b, r: b.allgather_coalesced([[_z(2)]], [_z(2)], AllgatherOptions()),
-                                  {r: "delaycomm: allgather_coalesced: outputTensorLists must hold one list per rank "
-                                      "(2), got 1" for r in (0, 1)}),
-    "allgather_coalesced_count": (lambda b, r: b.allgather_coalesced([[_z(2)], []], [_z(2)],
-                                                                     AllgatherOptions()),
-                                  {r: "delaycomm: allgather_coalesced: outputTensorLists[1] must hold one tensor per "
-                                      "input (1), got 0" for r in (0, 1)}),
-    "allgather_coalesced_dtype": (lambda b, r: b.allgather_coalesced([[_z(2, torch.int64)], [_z(2)]], [_z(2)],
-                                                                     AllgatherOptions()),
-                                  {r: "delaycomm: allgather_coalesced: outputTensorLists[0][0] must have the dtype, "
-                                      "sizes and device type of inputTensors[0] (Float [2] on cpu), got Long [2] on "
-                                      "cpu" for r in (0, 1)}),
+    "gather_count": (
+        lambda b, r: b.gather([[_z(2)] * 3], [_z(2)], _gather_opts(0)),
+        {
+            0: "delaycomm: gather: outputTensors[0] must hold one tensor per rank (2) on the root, got 3",
+            1: "delaycomm: gather: " + NOT_ROOT,
+        },
+    ),
+    "gather_sizes": (
+        lambda b, r: b.gather([[_z(3), _z(2)]], [_z(2)], _gather_opts(0)),
+        {
+            0: "delaycomm: gather: outputTensors[0][0] must have the dtype, sizes and device type of "
+            "inputTensors[0] (Float [2] on cpu), got Float [3] on cpu",
+            1: "delaycomm: gather: " + NOT_ROOT,
+        },
+    ),
+    "gather_two_inputs": (
+        lambda b, r: b.gather([], [_z(2), _z(2)], _gather_opts(0)),
+        {r: "delaycomm: gather: inputTensors must hold exactly one tensor, got 2" for r in (0, 1)},
+    ),
+    "gather_root": (
+        lambda b, r: b.gather([], [_z(2)], _gather_opts(5)),
+        {r: "delaycomm: gather: the root must be a rank of the group, in [0, 2), got 5" for r in (0, 1)},
+    ),
+    "scatter_dtype": (
+        lambda b, r: b.scatter([_z(2)], [[_z(2, torch.int32), _z(2)]], _scatter_opts(0)),
+        {
+            0: "delaycomm: scatter: inputTensors[0][0] must have the dtype, sizes and device type of "
+            "outputTensors[0] (Float [2] on cpu), got Int [2] on cpu",
+            1: "delaycomm: scatter: inputTensors must be empty on a rank other than the root (0), got 1 "
+            "list(s) on rank 1",
+        },
+    ),
+    "scatter_two_outputs": (
+        lambda b, r: b.scatter([_z(2), _z(2)], [], _scatter_opts(0)),
+        {r: "delaycomm: scatter: outputTensors must hold exactly one tensor, got 2" for r in (0, 1)},
+    ),
+    "reduce_scatter_count": (
+        lambda b, r: b.reduce_scatter([_z(2)], [[_z(2)] * 3], dist.ReduceScatterOptions()),
+        {r: "delaycomm: reduce_scatter: inputTensors[0] must hold one tensor per rank (2), got 3" for r in (0, 1)},
+    ),
+    "reduce_scatter_lists": (
+        lambda b, r: b.reduce_scatter([_z(2)], [], dist.ReduceScatterOptions()),
+        {r: "delaycomm: reduce_scatter: inputTensors must hold one list per output tensor (1), got 0" for r in (0, 1)},
+    ),
+    "reduce_scatter_sizes": (
+        lambda b, r: b.reduce_scatter([_z(2)], [[_z(2), _z(3)]], dist.ReduceScatterOptions()),
+        {
+            r: "delaycomm: reduce_scatter: inputTensors[0][1] must have the dtype, sizes and device "
+            "type of outputTensors[0] (Float [2] on cpu), got Float [3] on cpu"
+            for r in (0, 1)
+        },
+    ),
+    "allgather_coalesced_lists": (
+        lambda b, r: b.allgather_coalesced([[_z(2)]], [_z(2)], AllgatherOptions()),
+        {r: "delaycomm: allgather_coalesced: outputTensorLists must hold one list per rank (2), got 1" for r in (0, 1)},
+    ),
+    "allgather_coalesced_count": (
+        lambda b, r: b.allgather_coalesced([[_z(2)], []], [_z(2)], AllgatherOptions()),
+        {
+            r: "delaycomm: allgather_coalesced: outputTensorLists[1] must hold one tensor per input (1), got 0"
+            for r in (0, 1)
+        },
+    ),
+    "allgather_coalesced_dtype": (
+        lambda b, r: b.allgather_coalesced([[_z(2, torch.int64)], [_z(2)]], [_z(2)], AllgatherOptions()),
+        {
+            r: "delaycomm: allgather_coalesced: outputTensorLists[0][0] must have the dtype, "
+            "sizes and device type of inputTensors[0] (Float [2] on cpu), got Long [2] on "
+            "cpu"
+            for r in (0, 1)
+        },
+    ),
 }
 
 

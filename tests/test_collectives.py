@@ -37,8 +37,11 @@ def _default_group(rank, world):
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60))
     assert dist.get_backend() == "delaycomm"
     gloo = dist.new_group(backend="gloo")
-    return [p for case in ("all_reduce", "broadcast", "all_reduce_coalescing_manager", "reduce_scatter_tensor")
-            for p in compare_case(case, rank, world, dist.group.WORLD, gloo)]
+    return [
+        p
+        for case in ("all_reduce", "broadcast", "all_reduce_coalescing_manager", "reduce_scatter_tensor")
+        for p in compare_case(case, rank, world, dist.group.WORLD, gloo)
+    ]
 
 
 @pytest.mark.timeout(120)

@@ -98,29 +98,43 @@ def test_good_values_from_env(name, raw, expected):
 
 # (option, raw value, what the message says after "from <origin>: "), pinned exactly.
 _RANKS = "expected 'all' or a list of ranks in [0, 2147483647] such as '0' or '0,3'"
-_SLOWDOWN = ("expected 'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (each rank once, a factor in "
-             "[1, 1000])")
+_SLOWDOWN = (
+    "expected 'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (each rank once, a factor in [1, 1000])"
+)
 _STALENESS = "expected 'bsp', 'ssp:S' with an integer S in [0, 10000], or 'asp'"
-_STEP = ("expected 'auto' (calibrated at init) or a number of milliseconds in [0.001, 86400000] (1 us to 24 h)")
-_BYTES = ("expected a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
-          "(NCCL keeps it in a C int)")
-_STATS = ("expected 'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
-          "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')")
-_SPECS = ("expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms"
-          "[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each "
-          "is 0 or from 1ns to 86400s)")
-_NCCL = ("expected 'auto' (leave NCCL's tuner alone) or an NCCL_ALGO value such as 'allreduce:tree', 'ring', "
-         "'allreduce:tree;broadcast:ring' (algorithms: collnetchain, collnetdirect, nvls, nvlstree, pat, ring, tree)")
+_STEP = "expected 'auto' (calibrated at init) or a number of milliseconds in [0.001, 86400000] (1 us to 24 h)"
+_BYTES = (
+    "expected a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
+    "(NCCL keeps it in a C int)"
+)
+_STATS = (
+    "expected 'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
+    "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')"
+)
+_SPECS = (
+    "expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms"
+    "[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each "
+    "is 0 or from 1ns to 86400s)"
+)
+_NCCL = (
+    "expected 'auto' (leave NCCL's tuner alone) or an NCCL_ALGO value such as 'allreduce:tree', 'ring', "
+    "'allreduce:tree;broadcast:ring' (algorithms: collnetchain, collnetdirect, nvls, nvlstree, pat, ring, tree)"
+)
 BAD = [
     ("delay", "exp:p99=400", "value of 'p99' '400' has no unit (expected one of ns, us, ms, s, e.g. 50ms); " + _SPECS),
     ("delay_fraction", "1.5", "expected a number in [0, 1]"),
     ("delay_fraction", "nan", "expected a number in [0, 1]"),
     ("delay_ranks", "0,x", _RANKS),
     ("delay_ranks", "-1", _RANKS),
-    ("delay_ops", "allreduce,foo", "expected 'all' or a comma-separated list of: broadcast, allreduce, "
-     "allreduce_coalesced, reduce, allgather, _allgather_base, allgather_coalesced, allgather_into_tensor_coalesced, "
-     "gather, scatter, reduce_scatter, _reduce_scatter_base, reduce_scatter_tensor_coalesced, alltoall_base, "
-     "alltoall, send, recv, recv_anysource, barrier"),
+    (
+        "delay_ops",
+        "allreduce,foo",
+        "expected 'all' or a comma-separated list of: broadcast, allreduce, "
+        "allreduce_coalesced, reduce, allgather, _allgather_base, allgather_coalesced, "
+        "allgather_into_tensor_coalesced, "
+        "gather, scatter, reduce_scatter, _reduce_scatter_base, reduce_scatter_tensor_coalesced, alltoall_base, "
+        "alltoall, send, recv, recv_anysource, barrier",
+    ),
     ("delay_where", "disk", "expected one of 'network', 'host'"),
     ("slowdown", "0:0.5x", _SLOWDOWN),
     ("slowdown", "zero:4x", _SLOWDOWN),
@@ -159,12 +173,21 @@ OVERFLOW = [
     ("max_pending", "99999999999999999999", "expected an integer in [1, 1048576]"),
     ("nccl_buffsize", "2GiB", _BYTES),
     ("nccl_buffsize", "99999999999999999999G", _BYTES),
-    ("delay", "const:1e300ms", "const duration '1e300ms' is longer than 86400s (a delay is 0 or from 1ns to 86400s, "
-     "24 hours); " + _SPECS),
-    ("delay", "pareto:p50=1ns,p99=1e300s", "value of 'p99' '1e300s' is longer than 86400s (a delay is 0 or from 1ns "
-     "to 86400s, 24 hours); " + _SPECS),
-    ("delay", "exp:p99=0.5ns", "value of 'p99' '0.5ns' is shorter than 1ns (a delay is 0 or from 1ns to 86400s, "
-     "24 hours); " + _SPECS),
+    (
+        "delay",
+        "const:1e300ms",
+        "const duration '1e300ms' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours); " + _SPECS,
+    ),
+    (
+        "delay",
+        "pareto:p50=1ns,p99=1e300s",
+        "value of 'p99' '1e300s' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours); " + _SPECS,
+    ),
+    (
+        "delay",
+        "exp:p99=0.5ns",
+        "value of 'p99' '0.5ns' is shorter than 1ns (a delay is 0 or from 1ns to 86400s, 24 hours); " + _SPECS,
+    ),
     # the same rank twice in slowdown (the last one used to win silently)
     ("slowdown", "0:4x,0:2x", "rank 0 is given twice; " + _SLOWDOWN),
 ]
@@ -175,20 +198,25 @@ def test_bad_env_value_message(name, raw, why):
     var = "DELAYCOMM_" + name.upper()
     with pytest.raises(ValueError) as info:
         resolve(env={var: raw})
-    assert str(info.value) == (f"delaycomm: invalid value {raw!r} for option '{name}' from the environment variable "
-                               f"{var}: {why}")
+    assert str(info.value) == (
+        f"delaycomm: invalid value {raw!r} for option '{name}' from the environment variable {var}: {why}"
+    )
 
 
 @pytest.mark.parametrize("name, raw, why", BAD + OVERFLOW)
 def test_bad_keyword_message(name, raw, why):
     with pytest.raises(ValueError) as info:
         DelayConfig(**{name: raw})
-    assert str(info.value) == f"delaycomm: invalid value {raw!r} for option '{name}' from the keyword {name}= of " \
-                              f"DelayConfig: {why}"
+    assert (
+        str(info.value) == f"delaycomm: invalid value {raw!r} for option '{name}' from the keyword {name}= of "
+        f"DelayConfig: {why}"
+    )
     with pytest.raises(ValueError) as info:
         configure(**{name: raw})
-    assert str(info.value) == f"delaycomm: invalid value {raw!r} for option '{name}' from the keyword {name}= of " \
-                              f"delaycomm.configure(): {why}"
+    assert (
+        str(info.value) == f"delaycomm: invalid value {raw!r} for option '{name}' from the keyword {name}= of "
+        f"delaycomm.configure(): {why}"
+    )
 
 
 @pytest.mark.parametrize("opt", OPTIONS, ids=lambda o: o.name)
@@ -196,16 +224,20 @@ def test_an_empty_variable_is_rejected_for_every_option(opt):
     # DELAYCOMM_DELAY='' (and SLOWDOWN, STATS) used to mean 'none' while every other empty variable was an error.
     with pytest.raises(ValueError) as info:
         resolve(env={opt.env: "  "})
-    assert str(info.value) == (f"delaycomm: invalid value '  ' for option '{opt.name}' from the environment "
-                               f"variable {opt.env}: the value is empty (leave the option unset for its default)")
+    assert str(info.value) == (
+        f"delaycomm: invalid value '  ' for option '{opt.name}' from the environment "
+        f"variable {opt.env}: the value is empty (leave the option unset for its default)"
+    )
 
 
 def test_message_names_where_the_value_came_from_once():
     # Defect 12: no "(environment variable ...)" for a keyword, no variable named twice, no "expected delaycomm:".
     msgs = []
-    for make in (lambda: resolve(env={"DELAYCOMM_DELAY": "exp:p99=400"}),
-                 lambda: DelayConfig(delay="exp:p99=400"),
-                 lambda: configure(delay="exp:p99=400")):
+    for make in (
+        lambda: resolve(env={"DELAYCOMM_DELAY": "exp:p99=400"}),
+        lambda: DelayConfig(delay="exp:p99=400"),
+        lambda: configure(delay="exp:p99=400"),
+    ):
         with pytest.raises(ValueError) as info:
             make()
         msgs.append(str(info.value))
@@ -256,15 +288,43 @@ _NUMBER_TEXT = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
     st.integers(min_value=-(2**200), max_value=2**200).map(str),
     st.from_regex(r"[+-]?\d{1,40}(\.\d{0,8})?([eE][+-]?\d{1,4})?", fullmatch=True),
-    st.sampled_from(["nan", "NaN", "inf", "-inf", "1e308", "1e309", "4.9e-324", "-0", "0x10", "1_000",
-                     "9223372036854775807", "9223372036854775808", "18446744073709551616", "2147483648"]),
+    st.sampled_from(
+        [
+            "nan",
+            "NaN",
+            "inf",
+            "-inf",
+            "1e308",
+            "1e309",
+            "4.9e-324",
+            "-0",
+            "0x10",
+            "1_000",
+            "9223372036854775807",
+            "9223372036854775808",
+            "18446744073709551616",
+            "2147483648",
+        ]
+    ),
 )
 # option -> how a number is written into its value
 NUMERIC = [
-    ("delay_fraction", "{}"), ("ema_alpha", "{}"), ("step_ms", "{}"), ("seed", "{}"), ("max_pending", "{}"),
-    ("nccl_buffsize", "{}"), ("nccl_buffsize", "{}G"), ("staleness", "ssp:{}"), ("slowdown", "0:{}x"),
-    ("slowdown", "{}:2x"), ("delay_ranks", "{}"), ("delay", "const:{}ms"), ("delay", "exp:p99={}s"),
-    ("delay", "exp:mean={}us"), ("delay", "lognormal:p50=1ms,p99={}s"), ("delay", "pareto:p50=1ns,p99={}s"),
+    ("delay_fraction", "{}"),
+    ("ema_alpha", "{}"),
+    ("step_ms", "{}"),
+    ("seed", "{}"),
+    ("max_pending", "{}"),
+    ("nccl_buffsize", "{}"),
+    ("nccl_buffsize", "{}G"),
+    ("staleness", "ssp:{}"),
+    ("slowdown", "0:{}x"),
+    ("slowdown", "{}:2x"),
+    ("delay_ranks", "{}"),
+    ("delay", "const:{}ms"),
+    ("delay", "exp:p99={}s"),
+    ("delay", "exp:mean={}us"),
+    ("delay", "lognormal:p50=1ms,p99={}s"),
+    ("delay", "pareto:p50=1ns,p99={}s"),
 ]
 
 
@@ -310,13 +370,18 @@ def test_numbers_are_refused_or_fit(name, form, number):
     _fits(cfg)
 
 
-_NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True),
-                    st.integers(min_value=-(2**200), max_value=2**200))
+_NUMBER = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(min_value=-(2**200), max_value=2**200))
 # option -> how a Python number becomes its keyword value
 NUMERIC_KEYWORDS = [
-    ("delay_fraction", lambda x: x), ("ema_alpha", lambda x: x), ("step_ms", lambda x: x), ("seed", lambda x: x),
-    ("max_pending", lambda x: x), ("nccl_buffsize", lambda x: x), ("delay_ranks", lambda x: [x]),
-    ("slowdown", lambda x: {0: x}), ("slowdown", lambda x: {x: 2.0}),
+    ("delay_fraction", lambda x: x),
+    ("ema_alpha", lambda x: x),
+    ("step_ms", lambda x: x),
+    ("seed", lambda x: x),
+    ("max_pending", lambda x: x),
+    ("nccl_buffsize", lambda x: x),
+    ("delay_ranks", lambda x: [x]),
+    ("slowdown", lambda x: {0: x}),
+    ("slowdown", lambda x: {x: 2.0}),
 ]
 
 
@@ -334,22 +399,30 @@ def test_keyword_numbers_are_refused_or_fit(name, make, number):
 
 def test_cli_shows_effective_config_and_sources():
     env = {**os.environ, "DELAYCOMM_EMA_ALPHA": "0.25"}
-    out = subprocess.run([sys.executable, "-m", "delaycomm", "config", "--json"], env=env, capture_output=True,
-                         text=True, timeout=60, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "delaycomm", "config", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     data = json.loads(out)
     assert data["config"]["ema_alpha"] == 0.25
     assert data["sources"]["ema_alpha"] == "environment (DELAYCOMM_EMA_ALPHA)"
     assert data["nccl"]["NCCL_ALGO"]["value"] == "allreduce:tree"
     assert data["must_match"] == {o.name: o.name != "stats" for o in OPTIONS}
-    table = subprocess.run([sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True,
-                           timeout=60, check=True).stdout
+    table = subprocess.run(
+        [sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     assert "ema_alpha" in table and "0.25" in table and "DELAYCOMM_EMA_ALPHA" in table
 
 
 def test_cli_rejects_bad_environment():
     env = {**os.environ, "DELAYCOMM_STALENESS": "sometimes"}
-    proc = subprocess.run([sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True,
-                          timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 2
     assert "option 'staleness'" in proc.stderr and "DELAYCOMM_STALENESS" in proc.stderr
 

@@ -47,8 +47,12 @@ def _imports(name: str, path: pathlib.Path, module_level_only: bool) -> set[str]
     tree = ast.parse(path.read_text(), str(path))
     nodes = tree.body if module_level_only else list(ast.walk(tree))
     if module_level_only:  # statements nested in module-level if/try blocks still run at import
-        nodes = [n for top in tree.body for n in ast.walk(top)
-                 if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        nodes = [
+            n
+            for top in tree.body
+            for n in ast.walk(top)
+            if not isinstance(top, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
+        ]
     package = name if _is_package(name) else name.rpartition(".")[0]
     found: set[str] = set()
     for node in nodes:
@@ -57,7 +61,7 @@ def _imports(name: str, path: pathlib.Path, module_level_only: bool) -> set[str]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
-                base = base[:len(base) - node.level + 1]
+                base = base[: len(base) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
             else:
                 module = node.module or ""
@@ -82,7 +86,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(n)
         for m in sorted(graph.get(n, ())):
             if state.get(m) == 1:
-                return path[path.index(m):] + [m]
+                return path[path.index(m) :] + [m]
             if m not in state:
                 found = visit(m)
                 if found:

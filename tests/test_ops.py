@@ -48,8 +48,9 @@ def test_the_backend_knows_every_name_and_counts_ops_under_them():
 
     for known, counted in run_threads(body, 2, timeout=50):
         assert known == [0] * len(_ops.OPS)
-        assert counted == sorted([_ops.canonical("all_reduce"), _ops.canonical("all_gather_into_tensor"),
-                                  _ops.canonical("broadcast")])
+        assert counted == sorted(
+            [_ops.canonical("all_reduce"), _ops.canonical("all_gather_into_tensor"), _ops.canonical("broadcast")]
+        )
 
 
 def test_op_info_is_read_only():

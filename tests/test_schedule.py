@@ -38,8 +38,9 @@ def test_warmup_restarts_every_epoch():
 def test_each_param_group_is_scaled():
     opt = make_optimizer(0.1, 1.0)
     sched = EpochWarmup(opt, warmup_steps=2, steps_per_epoch=3)
-    assert run(opt, [sched], 4) == [pytest.approx(x, rel=1e-12) for x in
-                                     ([0.05, 0.5], [0.1, 1.0], [0.1, 1.0], [0.05, 0.5])]
+    assert run(opt, [sched], 4) == [
+        pytest.approx(x, rel=1e-12) for x in ([0.05, 0.5], [0.1, 1.0], [0.1, 1.0], [0.05, 0.5])
+    ]
 
 
 def test_default_warmup_is_500_steps():
@@ -63,8 +64,11 @@ def test_composes_with_steplr_as_a_product(order):
     opt = make_optimizer(0.8)
     warmup = EpochWarmup(opt, warmup_steps=3, steps_per_epoch=5)
     step_lr = StepLR(opt, step_size=4, gamma=0.5)
-    schedulers = {"warmup-first": [warmup, step_lr], "steplr-first": [step_lr, warmup],
-                  "chained": [ChainedScheduler([warmup, step_lr])]}[order]
+    schedulers = {
+        "warmup-first": [warmup, step_lr],
+        "steplr-first": [step_lr, warmup],
+        "chained": [ChainedScheduler([warmup, step_lr])],
+    }[order]
     factor = [1 / 3, 2 / 3, 1, 1, 1]
     expected = [0.8 * factor[t % 5] * 0.5 ** (t // 4) for t in range(12)]
     assert [lr[0] for lr in run(opt, schedulers, 12)] == pytest.approx(expected, rel=1e-12)
@@ -94,22 +98,36 @@ def test_state_dict_resumes_the_same_schedule():
     assert first + second == pytest.approx(full, rel=1e-12)
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    ({"warmup_steps": 0, "steps_per_epoch": 10}, "EpochWarmup: warmup_steps must be an integer >= 1, got 0"),
-    ({"warmup_steps": -5, "steps_per_epoch": 10}, "EpochWarmup: warmup_steps must be an integer >= 1, got -5"),
-    ({"warmup_steps": 2.5, "steps_per_epoch": 10},
-     "EpochWarmup: warmup_steps must be an integer >= 1, got 2.5 (float)"),
-    ({"warmup_steps": True, "steps_per_epoch": 10},
-     "EpochWarmup: warmup_steps must be an integer >= 1, got True (bool)"),
-    ({"warmup_steps": "10", "steps_per_epoch": 10},
-     "EpochWarmup: warmup_steps must be an integer >= 1, got '10' (str)"),
-    ({"warmup_steps": 5, "steps_per_epoch": 0}, "EpochWarmup: steps_per_epoch must be an integer >= 1, got 0"),
-    ({"warmup_steps": 5, "steps_per_epoch": None},
-     "EpochWarmup: steps_per_epoch must be an integer >= 1, got None (NoneType)"),
-    ({"warmup_steps": 500, "steps_per_epoch": 100},
-     "EpochWarmup: warmup_steps (500) must not exceed steps_per_epoch (100): the warmup restarts every epoch and "
-     "would never finish"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        ({"warmup_steps": 0, "steps_per_epoch": 10}, "EpochWarmup: warmup_steps must be an integer >= 1, got 0"),
+        ({"warmup_steps": -5, "steps_per_epoch": 10}, "EpochWarmup: warmup_steps must be an integer >= 1, got -5"),
+        (
+            {"warmup_steps": 2.5, "steps_per_epoch": 10},
+            "EpochWarmup: warmup_steps must be an integer >= 1, got 2.5 (float)",
+        ),
+        (
+            {"warmup_steps": True, "steps_per_epoch": 10},
+            "EpochWarmup: warmup_steps must be an integer >= 1, got True (bool)",
+        ),
+        (
+            {"warmup_steps": "10", "steps_per_epoch": 10},
+            "EpochWarmup: warmup_steps must be an integer >= 1, got '10' (str)",
+        ),
+        ({"warmup_steps": 5, "steps_per_epoch": 0}, "EpochWarmup: steps_per_epoch must be an integer >= 1, got 0"),
+        (
+            {"warmup_steps": 5, "steps_per_epoch": None},
+            "EpochWarmup: steps_per_epoch must be an integer >= 1, got None (NoneType)",
+        ),
+        (
+            {"warmup_steps": 500, "steps_per_epoch": 100},
+            "EpochWarmup: warmup_steps (500) must not exceed steps_per_epoch (100): the warmup restarts every "
+            "epoch and "
+            "would never finish",
+        ),
+    ],
+)
 def test_bad_arguments_raise_value_error(kwargs, message):
     opt = make_optimizer(0.1)
     with pytest.raises(ValueError, match="^" + re.escape(message) + "$"):

@@ -13,18 +13,21 @@ import pytest
 from tests.harness import run_procs
 
 
-@pytest.mark.parametrize("template, rank, group, world, default, expected", [
-    ("s.json", 0, "0", 1, True, "s.json"),                 # one process: the path as given
-    ("s.json", 1, "0", 2, True, "s.rank1.json"),           # several ranks: .rank{R} added
-    ("s.json", 1, "3", 2, False, "s.group3.rank1.json"),   # another group: .group{G} added too
-    ("s", 1, "3", 2, False, "s.group3.rank1"),
-    ("run/{group}-{rank}.json", 1, "3", 2, False, "run/3-1.json"),
-    ("run/{rank}/s.json", 1, "0", 2, True, "run/1/s.json"),
-    ("s-{rank}.json", 1, "3", 2, False, "s-1.group3.json"),
-    ("d/", 1, "0", 2, True, "d/stats.rank1.json"),          # a directory: d/stats.json, then the same rule
-    ("d/", 0, "0", 1, True, "d/stats.json"),
-    ("s{{x}}.json", 0, "0", 1, True, "s{x}.json"),
-])
+@pytest.mark.parametrize(
+    "template, rank, group, world, default, expected",
+    [
+        ("s.json", 0, "0", 1, True, "s.json"),  # one process: the path as given
+        ("s.json", 1, "0", 2, True, "s.rank1.json"),  # several ranks: .rank{R} added
+        ("s.json", 1, "3", 2, False, "s.group3.rank1.json"),  # another group: .group{G} added too
+        ("s", 1, "3", 2, False, "s.group3.rank1"),
+        ("run/{group}-{rank}.json", 1, "3", 2, False, "run/3-1.json"),
+        ("run/{rank}/s.json", 1, "0", 2, True, "run/1/s.json"),
+        ("s-{rank}.json", 1, "3", 2, False, "s-1.group3.json"),
+        ("d/", 1, "0", 2, True, "d/stats.rank1.json"),  # a directory: d/stats.json, then the same rule
+        ("d/", 0, "0", 1, True, "d/stats.json"),
+        ("s{{x}}.json", 0, "0", 1, True, "s{x}.json"),
+    ],
+)
 def test_stats_file_names(template, rank, group, world, default, expected):
     from delaycomm._config import stats_file
 
@@ -38,8 +41,9 @@ def _two_groups(rank, world, templates, rdzv):
 
     for i, stats in enumerate(templates):
         os.environ["DELAYCOMM_STATS"] = stats
-        dist.init_process_group("delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world,
-                                timeout=timedelta(seconds=30))
+        dist.init_process_group(
+            "delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world, timeout=timedelta(seconds=30)
+        )
         sub = dist.new_group([0, 1], timeout=timedelta(seconds=30))
         t = torch.ones(1)
         dist.all_reduce(t)
@@ -49,10 +53,14 @@ def _two_groups(rank, world, templates, rdzv):
 
 
 LAYOUTS = {  # directory -> (template, the files expected in it)
-    "plain": ("{d}/stats.json", ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json",
-                                 "stats.rank1.json"]),
-    "directory": ("{d}/", ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json",
-                           "stats.rank1.json"]),
+    "plain": (
+        "{d}/stats.json",
+        ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json", "stats.rank1.json"],
+    ),
+    "directory": (
+        "{d}/",
+        ["stats.group1.rank0.json", "stats.group1.rank1.json", "stats.rank0.json", "stats.rank1.json"],
+    ),
     "placeholders": ("{d}/g{{group}}-r{{rank}}.json", ["g0-r0.json", "g0-r1.json", "g1-r0.json", "g1-r1.json"]),
 }
 
@@ -74,9 +82,12 @@ def test_every_rank_and_group_writes_its_own_file(layouts, layout):
     # Before: all four (2 ranks x 2 groups) wrote one path; the last writer's file was all that was left.
     d = layouts / layout
     assert sorted(p.name for p in d.iterdir()) == LAYOUTS[layout][1]
-    for name, (group, rank, calls) in zip(LAYOUTS[layout][1], [("1", 0, 2), ("1", 1, 2), ("0", 0, 1), ("0", 1, 1)]
-                                          if layout != "placeholders" else
-                                          [("0", 0, 1), ("0", 1, 1), ("1", 0, 2), ("1", 1, 2)]):
+    for name, (group, rank, calls) in zip(
+        LAYOUTS[layout][1],
+        [("1", 0, 2), ("1", 1, 2), ("0", 0, 1), ("0", 1, 1)]
+        if layout != "placeholders"
+        else [("0", 0, 1), ("0", 1, 1), ("1", 0, 2), ("1", 1, 2)],
+    ):
         data = json.loads((d / name).read_text())
         assert (data["group"], data["rank"], data["ops"]["allreduce"]["calls"]) == (group, rank, calls), name
 
@@ -89,8 +100,14 @@ def _unwritable(rank, world, cases, rdzv):
     out = []
     for i, template in enumerate(cases):
         try:
-            dist.init_process_group("delaycomm", init_method=f"file://{rdzv}{i}", rank=rank, world_size=world,
-                                    timeout=timedelta(seconds=20), pg_options=delaycomm.DelayConfig(stats=template))
+            dist.init_process_group(
+                "delaycomm",
+                init_method=f"file://{rdzv}{i}",
+                rank=rank,
+                world_size=world,
+                timeout=timedelta(seconds=20),
+                pg_options=delaycomm.DelayConfig(stats=template),
+            )
         except ValueError as e:
             out.append(str(e))
             continue
@@ -111,11 +128,12 @@ def test_an_unwritable_stats_path_fails_at_init_on_every_rank(tmp_path):
     for rank in range(2):
         # torch names the world group by a counter that a failed init does not reset
         got = [re.sub(r"in group '\d+'", "in group 'G'", m or "") for m in res[rank]]
-        head = f"delaycomm: invalid value {{!r}} for option 'stats' from the keyword stats= of DelayConfig: the file " \
-               f"of rank {rank} in group 'G', {{!r}}, {{}}; expected a writable path"
+        head = (
+            f"delaycomm: invalid value {{!r}} for option 'stats' from the keyword stats= of DelayConfig: the file "
+            f"of rank {rank} in group 'G', {{!r}}, {{}}; expected a writable path"
+        )
         assert got == [
-            head.format("/proc/x.json", f"/proc/x.rank{rank}.json",
-                        "cannot be written (No such file or directory)"),
+            head.format("/proc/x.json", f"/proc/x.rank{rank}.json", "cannot be written (No such file or directory)"),
             head.format(cases[1], str(tmp_path / f"fifo.rank{rank}.json"), "exists and is not a regular file"),
             head.format(cases[2], str(tmp_path / str(rank) / "s.json"), "is in a directory that does not exist"),
         ], res[rank]

@@ -21,8 +21,13 @@ from tests.delay._mp import spawn
 def churn(rank: int, world_size: int, init_method: str, rounds: int = 12, ops: int = 60) -> int:
     """Initialises and destroys delaycomm worlds with all-gathers of temporaries finishing on Gloo's threads."""
     for r in range(rounds):
-        dist.init_process_group("delaycomm", init_method=f"{init_method}-{r}", rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=20))
+        dist.init_process_group(
+            "delaycomm",
+            init_method=f"{init_method}-{r}",
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=20),
+        )
         # A user's reference to the backend (as for its sequence numbers) outlives the group: dropping it below
         # destroys the backend from Python.
         backend = backend_of(dist.group.WORLD)
@@ -44,8 +49,9 @@ def wait_after_destroy(rank: int, world_size: int, init_method: str) -> tuple[li
     """Keeps a work and its future past destroy_process_group and the backend's destruction, then uses them."""
     import gc
 
-    dist.init_process_group("delaycomm", init_method=init_method, rank=rank, world_size=world_size,
-                            timeout=timedelta(seconds=20))
+    dist.init_process_group(
+        "delaycomm", init_method=init_method, rank=rank, world_size=world_size, timeout=timedelta(seconds=20)
+    )
     t = torch.full((4,), float(rank + 1))
     work = dist.all_reduce(t, async_op=True)
     future = work.get_future()

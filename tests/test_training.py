@@ -67,8 +67,10 @@ def _ddp_ranks(rank, world, find_unused, no_sync_every):
     gloo = dist.new_group(backend="gloo")
     ref = _train_ddp(gloo, rank, find_unused, no_sync_every)
     got = _train_ddp(dist.group.WORLD, rank, find_unused, no_sync_every)
-    return {"equal": all(torch.equal(a, b) for a, b in zip(ref, got)),
-            "allreduce_calls": delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]["calls"]}
+    return {
+        "equal": all(torch.equal(a, b) for a, b in zip(ref, got)),
+        "allreduce_calls": delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]["calls"],
+    }
 
 
 @pytest.mark.timeout(120)

@@ -29,8 +29,7 @@ c10::Device checkTensors(OpKind op, const char* arg, const std::vector<at::Tenso
     const auto& t = tensors[i];
     TORCH_CHECK_VALUE(t.defined(), "delaycomm: ", opName(op), ": ", arg, "[", i, "] is an undefined tensor");
     TORCH_CHECK_VALUE(t.device().type() == device.type(), "delaycomm: ", opName(op), ": ", arg,
-                      " must all be on one device type, got ", device, " and ", t.device(), " (", arg, "[", i,
-                      "])");
+                      " must all be on one device type, got ", device, " and ", t.device(), " (", arg, "[", i, "])");
     if (t.is_sparse()) {
       TORCH_CHECK_VALUE(allowSparse, "delaycomm: ", opName(op), ": ", arg, "[", i,
                         "] is sparse; only all_reduce of CPU tensors accepts sparse tensors");
@@ -51,11 +50,11 @@ c10::Device checkTensor(OpKind op, const char* arg, const at::Tensor& t) {
 // Checks that `t` (named `arg`) has the dtype, sizes and device type of `ref` (named `refArg`): the two sides of a
 // collective whose tensors must match one for one.
 void checkMatches(OpKind op, const std::string& arg, const at::Tensor& t, const char* refArg, const at::Tensor& ref) {
-  TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type() && t.sizes() == ref.sizes() &&
-                        t.device().type() == ref.device().type(),
-                    "delaycomm: ", opName(op), ": ", arg, " must have the dtype, sizes and device type of ", refArg,
-                    " (", ref.scalar_type(), " ", ref.sizes(), " on ", ref.device().type(), "), got ", t.scalar_type(),
-                    " ", t.sizes(), " on ", t.device().type());
+  TORCH_CHECK_VALUE(
+      t.scalar_type() == ref.scalar_type() && t.sizes() == ref.sizes() && t.device().type() == ref.device().type(),
+      "delaycomm: ", opName(op), ": ", arg, " must have the dtype, sizes and device type of ", refArg, " (",
+      ref.scalar_type(), " ", ref.sizes(), " on ", ref.device().type(), "), got ", t.scalar_type(), " ", t.sizes(),
+      " on ", t.device().type());
 }
 
 // The one-tensor side of gather/scatter: exactly one tensor.
@@ -68,11 +67,12 @@ void checkSingle(OpKind op, const char* arg, const std::vector<at::Tensor>& tens
 // empty on every other rank.
 void checkRootLists(OpKind op, const char* arg, const std::vector<std::vector<at::Tensor>>& lists, int rank, int size,
                     int64_t root, const char* singleArg, const at::Tensor& single) {
-  TORCH_CHECK_VALUE(root >= 0 && root < size, "delaycomm: ", opName(op), ": the root must be a rank of the group, in [0, ",
-                    size, "), got ", root);
+  TORCH_CHECK_VALUE(root >= 0 && root < size, "delaycomm: ", opName(op),
+                    ": the root must be a rank of the group, in [0, ", size, "), got ", root);
   if (rank != root) {
-    TORCH_CHECK_VALUE(lists.empty(), "delaycomm: ", opName(op), ": ", arg, " must be empty on a rank other than the root (",
-                      root, "), got ", lists.size(), " list(s) on rank ", rank);
+    TORCH_CHECK_VALUE(lists.empty(), "delaycomm: ", opName(op), ": ", arg,
+                      " must be empty on a rank other than the root (", root, "), got ", lists.size(),
+                      " list(s) on rank ", rank);
     return;
   }
   TORCH_CHECK_VALUE(lists.size() == 1, "delaycomm: ", opName(op), ": ", arg,

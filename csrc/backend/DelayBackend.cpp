@@ -102,8 +102,9 @@ c10d::Backend& DelayBackend::innerFor(OpKind op, c10::Device device) {
 c10::intrusive_ptr<c10d::Work> DelayBackend::broadcast(std::vector<at::Tensor>& tensors,
                                                        const c10d::BroadcastOptions& opts) {
   const auto device = checkTensors(OpKind::kBroadcast, "tensors", tensors);
-  return run(OpKind::kBroadcast, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kBroadcast, device, bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.broadcast(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& tensors,
@@ -111,11 +112,12 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
   if (staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
-    return runStale(tensors[0], stale_->streamKey(tensors[0], /*scatter=*/false),
-                    opts.reduceOp == c10d::ReduceOp::AVG, opts);
+    return runStale(tensors[0], stale_->streamKey(tensors[0], /*scatter=*/false), opts.reduceOp == c10d::ReduceOp::AVG,
+                    opts);
   }
-  return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kAllreduce, device, bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
 }
 
 // The staleness engine takes a reduction when its op can be late at all: staleness is on, the delay schedule is
@@ -145,19 +147,23 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64
   c10d::AllreduceOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
   std::vector<at::Tensor> tensors{tensor};
-  return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
-             [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
-             /*applyDelay=*/false);
+  return run(
+      OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+      [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
+      /*applyDelay=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
                                                                    const c10d::ReduceScatterOptions& opts) {
   const int64_t n = getSize();
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * n, "delaycomm: _reduce_scatter_base: inputBuffer must hold "
-                    "outputBuffer's elements times the group size (", output.numel(), " x ", n, " = ",
-                    output.numel() * n, "), got ", input.numel());
-  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(), "delaycomm: _reduce_scatter_base: inputBuffer and "
-                    "outputBuffer must have one dtype, got ", input.scalar_type(), " and ", output.scalar_type());
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * n,
+                    "delaycomm: _reduce_scatter_base: inputBuffer must hold "
+                    "outputBuffer's elements times the group size (",
+                    output.numel(), " x ", n, " = ", output.numel() * n, "), got ", input.numel());
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(),
+                    "delaycomm: _reduce_scatter_base: inputBuffer and "
+                    "outputBuffer must have one dtype, got ",
+                    input.scalar_type(), " and ", output.scalar_type());
   const auto kind = opts.reduceOp.op_;
   const double scale = kind == c10d::ReduceOp::AVG          ? 1.0 / static_cast<double>(n)
                        : kind == c10d::ReduceOp::PREMUL_SUM ? *premulSumFactor(opts.reduceOp)
@@ -168,10 +174,10 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& o
   stale_->prepareScaled(input, key, scale, /*scatter=*/true);
   c10d::ReduceScatterOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
-  return run(OpKind::kReduceScatterBase, input.device(), bytesOf(input), {output},
-             [output, input, sumOpts](c10d::Backend& b) mutable {
-               return b._reduce_scatter_base(output, input, sumOpts);
-             }, opts.asyncOp, /*applyDelay=*/false);
+  return run(
+      OpKind::kReduceScatterBase, input.device(), bytesOf(input), {output},
+      [output, input, sumOpts](c10d::Backend& b) mutable { return b._reduce_scatter_base(output, input, sumOpts); },
+      opts.asyncOp, /*applyDelay=*/false);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
@@ -202,20 +208,23 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
       // A reduce-scatter stream: one SUM reduce-scatter delivers this rank's shard of everything pending (what
       // the stream's next steps would have delivered to it), with the bytes of the stream's own reduce-scatter.
       at::Tensor shard = at::empty({local.numel() / getSize()}, local.options());
-      auto work = run(OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
-                      [shard, local](c10d::Backend& b) mutable {
-                        c10d::ReduceScatterOptions sumOpts;
-                        return b._reduce_scatter_base(shard, local, sumOpts);
-                      }, true, /*applyDelay=*/false);
+      auto work = run(
+          OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
+          [shard, local](c10d::Backend& b) mutable {
+            c10d::ReduceScatterOptions sumOpts;
+            return b._reduce_scatter_base(shard, local, sumOpts);
+          },
+          true, /*applyDelay=*/false);
       work->wait(options_.timeout);
       out.emplace_back(key, shard);
       continue;
     }
     std::vector<at::Tensor> tensors{local};
     c10d::AllreduceOptions opts;
-    auto work = run(OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
-                    [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
-                    /*applyDelay=*/false);
+    auto work = run(
+        OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
+        [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
+        /*applyDelay=*/false);
     work->wait(options_.timeout);
     out.emplace_back(key, local);
   }
@@ -226,22 +235,24 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Te
                                                               const c10d::AllreduceOptions& opts) {
   const bool cpuSparse = !tensors.empty() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
-  return run(OpKind::kAllreduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kAllreduce, device, bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_sparse(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_coalesced(std::vector<at::Tensor>& tensors,
                                                                  const c10d::AllreduceCoalescedOptions& opts) {
   const auto device = checkTensors(OpKind::kAllreduceCoalesced, "tensors", tensors);
-  return run(OpKind::kAllreduceCoalesced, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kAllreduceCoalesced, device, bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.allreduce_coalesced(tensors, opts); }, opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> DelayBackend::reduce(std::vector<at::Tensor>& tensors,
-                                                    const c10d::ReduceOptions& opts) {
+c10::intrusive_ptr<c10d::Work> DelayBackend::reduce(std::vector<at::Tensor>& tensors, const c10d::ReduceOptions& opts) {
   const auto device = checkTensors(OpKind::kReduce, "tensors", tensors);
-  return run(OpKind::kReduce, device, bytesOf(tensors), tensors,
-             [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kReduce, device, bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.reduce(tensors, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<at::Tensor>>& outputs,
@@ -249,16 +260,18 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather(std::vector<std::vector<a
                                                        const c10d::AllgatherOptions& opts) {
   const auto device = checkTensors(OpKind::kAllgather, "inputTensors", inputs);
   checkTensors(OpKind::kAllgather, "outputTensors", flatten(outputs));
-  return run(OpKind::kAllgather, device, bytesOf(inputs), flatten(outputs),
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kAllgather, device, bytesOf(inputs), flatten(outputs),
+      [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::_allgather_base(at::Tensor& output, at::Tensor& input,
                                                              const c10d::AllgatherOptions& opts) {
   const auto device = checkTensor(OpKind::kAllgatherBase, "inputBuffer", input);
   checkTensor(OpKind::kAllgatherBase, "outputBuffer", output);
-  return run(OpKind::kAllgatherBase, device, bytesOf(input), {output},
-             [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kAllgatherBase, device, bytesOf(input), {output},
+      [output, input, opts](c10d::Backend& b) mutable { return b._allgather_base(output, input, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std::vector<at::Tensor>>& outputs,
@@ -279,10 +292,10 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_coalesced(std::vector<std
   }
   auto flat = flatten(outputs);
   checkTensors(op, "outputTensorLists", flat);
-  return run(op, device, bytesOf(inputs), flat,
-             [outputs, inputs, opts](c10d::Backend& b) mutable {
-               return b.allgather_coalesced(outputs, inputs, opts);
-             }, opts.asyncOp);
+  return run(
+      op, device, bytesOf(inputs), flat,
+      [outputs, inputs, opts](c10d::Backend& b) mutable { return b.allgather_coalesced(outputs, inputs, opts); },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
@@ -290,15 +303,16 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allgather_into_tensor_coalesced(std
                                                                              const c10d::AllgatherOptions& opts) {
   const auto device = checkTensors(OpKind::kAllgatherIntoTensorCoalesced, "inputs", inputs);
   checkTensors(OpKind::kAllgatherIntoTensorCoalesced, "outputs", outputs);
-  return run(OpKind::kAllgatherIntoTensorCoalesced, device, bytesOf(inputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable {
-               return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
-             }, opts.asyncOp);
+  return run(
+      OpKind::kAllgatherIntoTensorCoalesced, device, bytesOf(inputs), outputs,
+      [outputs, inputs, opts](c10d::Backend& b) mutable {
+        return b.allgather_into_tensor_coalesced(outputs, inputs, opts);
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                                    std::vector<at::Tensor>& inputs,
-                                                    const c10d::GatherOptions& opts) {
+                                                    std::vector<at::Tensor>& inputs, const c10d::GatherOptions& opts) {
   const OpKind op = OpKind::kGather;
   const auto device = checkTensors(op, "inputTensors", inputs);
   checkSingle(op, "inputTensors", inputs);
@@ -307,8 +321,9 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::gather(std::vector<std::vector<at::
   if (!flat.empty()) {
     checkTensors(op, "outputTensors", flat);
   }
-  return run(op, device, bytesOf(inputs), flat,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); }, opts.asyncOp);
+  return run(
+      op, device, bytesOf(inputs), flat,
+      [outputs, inputs, opts](c10d::Backend& b) mutable { return b.gather(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& outputs,
@@ -322,8 +337,9 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::scatter(std::vector<at::Tensor>& ou
   if (!flat.empty()) {
     checkTensors(op, "inputTensors", flat);
   }
-  return run(op, device, bytesOf(outputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); }, opts.asyncOp);
+  return run(
+      op, device, bytesOf(outputs), outputs,
+      [outputs, inputs, opts](c10d::Backend& b) mutable { return b.scatter(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tensor>& outputs,
@@ -344,8 +360,10 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter(std::vector<at::Tens
   }
   const auto flat = flatten(inputs);
   checkTensors(op, "inputTensors", flat);
-  return run(op, device, bytesOf(flat), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); }, opts.asyncOp);
+  return run(
+      op, device, bytesOf(flat), outputs,
+      [outputs, inputs, opts](c10d::Backend& b) mutable { return b.reduce_scatter(outputs, inputs, opts); },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& output, at::Tensor& input,
@@ -355,20 +373,23 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
   if (staleEligible(OpKind::kReduceScatterBase, {input}, opts.reduceOp)) {
     return runStaleReduceScatter(output, input, opts);
   }
-  return run(OpKind::kReduceScatterBase, device, bytesOf(input), {output},
-             [output, input, opts](c10d::Backend& b) mutable {
-               return b._reduce_scatter_base(output, input, opts);
-             }, opts.asyncOp);
+  return run(
+      OpKind::kReduceScatterBase, device, bytesOf(input), {output},
+      [output, input, opts](c10d::Backend& b) mutable { return b._reduce_scatter_base(output, input, opts); },
+      opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(
-    std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs, const c10d::ReduceScatterOptions& opts) {
+c10::intrusive_ptr<c10d::Work> DelayBackend::reduce_scatter_tensor_coalesced(std::vector<at::Tensor>& outputs,
+                                                                             std::vector<at::Tensor>& inputs,
+                                                                             const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensors(OpKind::kReduceScatterTensorCoalesced, "inputs", inputs);
   checkTensors(OpKind::kReduceScatterTensorCoalesced, "outputs", outputs);
-  return run(OpKind::kReduceScatterTensorCoalesced, device, bytesOf(inputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable {
-               return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
-             }, opts.asyncOp);
+  return run(
+      OpKind::kReduceScatterTensorCoalesced, device, bytesOf(inputs), outputs,
+      [outputs, inputs, opts](c10d::Backend& b) mutable {
+        return b.reduce_scatter_tensor_coalesced(outputs, inputs, opts);
+      },
+      opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, at::Tensor& input,
@@ -377,19 +398,21 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall_base(at::Tensor& output, a
                                                            const c10d::AllToAllOptions& opts) {
   const auto device = checkTensor(OpKind::kAlltoallBase, "inputBuffer", input);
   checkTensor(OpKind::kAlltoallBase, "outputBuffer", output);
-  return run(OpKind::kAlltoallBase, device, bytesOf(input), {output},
-             [output, input, outputSplitSizes, inputSplitSizes, opts](c10d::Backend& b) mutable {
-               return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
-             }, opts.asyncOp);
+  return run(
+      OpKind::kAlltoallBase, device, bytesOf(input), {output},
+      [output, input, outputSplitSizes, inputSplitSizes, opts](c10d::Backend& b) mutable {
+        return b.alltoall_base(output, input, outputSplitSizes, inputSplitSizes, opts);
+      },
+      opts.asyncOp);
 }
 
-c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& outputs,
-                                                      std::vector<at::Tensor>& inputs,
+c10::intrusive_ptr<c10d::Work> DelayBackend::alltoall(std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
                                                       const c10d::AllToAllOptions& opts) {
   const auto device = checkTensors(OpKind::kAlltoall, "inputTensors", inputs);
   checkTensors(OpKind::kAlltoall, "outputTensors", outputs);
-  return run(OpKind::kAlltoall, device, bytesOf(inputs), outputs,
-             [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); }, opts.asyncOp);
+  return run(
+      OpKind::kAlltoall, device, bytesOf(inputs), outputs,
+      [outputs, inputs, opts](c10d::Backend& b) mutable { return b.alltoall(outputs, inputs, opts); }, opts.asyncOp);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::send(std::vector<at::Tensor>& tensors, int dstRank, int tag) {
@@ -427,16 +450,17 @@ void DelayBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
   const auto t0 = Clock::now();
   cpuInner_->monitoredBarrier(opts, waitAllRanks);
   stats_->op(OpKind::kBarrier)
-      .latencyNs.record(static_cast<double>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+      .latencyNs.record(
+          static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // Coalescing, sequence numbers, lifecycle
 
 void DelayBackend::startCoalescing() {
-  TORCH_CHECK(!coalescing_, "delaycomm: startCoalescing: a coalescing window is already open (nested windows are "
-                            "not supported, as in c10d)");
+  TORCH_CHECK(!coalescing_,
+              "delaycomm: startCoalescing: a coalescing window is already open (nested windows are "
+              "not supported, as in c10d)");
   coalescing_ = true;
   coalescedWorks_.clear();
   coalescingInners_.clear();

@@ -36,19 +36,19 @@ struct BackendOptions {
   // Delay injection (README "Delay"; delay/DelayInjector.hpp). `delay` is a spec (delay/DelaySpec.hpp); "none"
   // disables it.
   std::string delay = "none";
-  double delayFraction = 0.0;          // per-call Bernoulli probability, in [0, 1]
-  std::vector<int64_t> delayRanks;     // delayed ranks; empty = all
-  std::vector<OpKind> delayOps;        // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
+  double delayFraction = 0.0;                    // per-call Bernoulli probability, in [0, 1]
+  std::vector<int64_t> delayRanks;               // delayed ranks; empty = all
+  std::vector<OpKind> delayOps;                  // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
   DelayWhere delayWhere = DelayWhere::kNetwork;  // host: the caller blocks; network: the op is held back
   uint64_t seed = 0;
-  double slowdown = 1.0;               // this rank's compute slowdown factor K (>= 1; 1 = none)
+  double slowdown = 1.0;  // this rank's compute slowdown factor K (>= 1; 1 = none)
 
   // Staleness (docs/staleness.md; stale/StalenessEngine.hpp).
   StalenessMode staleness = StalenessMode::kBsp;
-  int64_t staleBound = 0;              // S of ssp:S (>= 1 under ssp)
+  int64_t staleBound = 0;  // S of ssp:S (>= 1 under ssp)
   StalenessEngine::Policy stalePolicy = StalenessEngine::Policy::kEma;
-  double emaAlpha = 0.1;               // in (0, 1]
-  double stepMs = 0.0;  // <= 0: calibrated
+  double emaAlpha = 0.1;  // in (0, 1]
+  double stepMs = 0.0;    // <= 0: calibrated
   int64_t maxPending = 64;
   c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration); required unless bsp
   // The engine's SSP gate wait and step agreement are bounded by `timeout` above (docs/staleness.md).
@@ -108,11 +108,9 @@ class DelayBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(std::vector<at::Tensor>& outputs,
                                                                  std::vector<at::Tensor>& inputs,
                                                                  const c10d::AllgatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
-                                        std::vector<at::Tensor>& inputs,
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override;
-  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
-                                         std::vector<std::vector<at::Tensor>>& inputs,
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override;
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,

@@ -68,8 +68,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c1
     // Gloo's send/recv works have no future: DelayWorkCpu times them in wait().
   }
   if (innerFuture) {
-    auto work = c10::make_intrusive<DirectWorkCpu>(std::move(innerWork), std::move(innerFuture), op, seq, stats_,
-                                                   calledAt);
+    auto work =
+        c10::make_intrusive<DirectWorkCpu>(std::move(innerWork), std::move(innerFuture), op, seq, stats_, calledAt);
     work->watch();
     return work;
   }
@@ -104,11 +104,10 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
   if (injector_->engaged()) {
     const std::function<void()> hook = afterWaits;
     c10d::Backend* innerPtr = &inner;
-    issued = injector_->run(
-        DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook},
-        [this, innerPtr, op, device, issue = std::move(issue)](bool onCaller) mutable {
-          return issueOn(*innerPtr, op, device, issue, onCaller);
-        });
+    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook},
+                            [this, innerPtr, op, device, issue = std::move(issue)](bool onCaller) mutable {
+                              return issueOn(*innerPtr, op, device, issue, onCaller);
+                            });
   } else {
     afterWaits();
     issued.calledAt = Clock::now();

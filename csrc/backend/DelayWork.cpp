@@ -23,8 +23,7 @@ double nsSince(Clock::time_point t0) {
 // DelayWorkCpu
 
 DelayWorkCpu::DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
-                           std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout,
-                           int64_t delayNs)
+                           std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout, int64_t delayNs)
     : c10d::Work(-1, opTypeOf(op)),
       op_(op),
       seq_(seq),
@@ -80,8 +79,8 @@ void DelayWorkCpu::fail(std::exception_ptr error) {
 }
 
 std::string DelayWorkCpu::heldBackCause(int64_t heldMs) const {
-  return c10::str("held back by an injected delay of ", msOf(delayNs_),
-                  " ms (or by the ops queued ahead of it) for ", heldMs, " ms since the call");
+  return c10::str("held back by an injected delay of ", msOf(delayNs_), " ms (or by the ops queued ahead of it) for ",
+                  heldMs, " ms since the call");
 }
 
 void DelayWorkCpu::expire() {
@@ -258,11 +257,9 @@ void DirectWorkCpu::watch() {
   // NOTE: the callback owns a reference to this work; the cycle (inner future -> callback -> this -> future) is
   // broken when the future completes and drops its callbacks. uses_future=false: the callback reads only whether
   // the future failed, so the future need not synchronise streams for it.
-  future_->addCallback(
-      [self = c10::intrusive_ptr<DirectWorkCpu>::reclaim_copy(this)](c10::ivalue::Future& f) {
-        self->recordCompletion(!f.hasError());
-      },
-      /*uses_future=*/false);
+  future_->addCallback([self = c10::intrusive_ptr<DirectWorkCpu>::reclaim_copy(this)](
+                           c10::ivalue::Future& f) { self->recordCompletion(!f.hasError()); },
+                       /*uses_future=*/false);
 }
 
 void DirectWorkCpu::recordCompletion(bool ok) {

@@ -102,8 +102,8 @@ class DelayWorkCpu : public c10d::Work {
 // Threads: watch() once, right after construction; every other method from any thread.
 class DirectWorkCpu : public c10d::Work {
  public:
-  DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture,
-                OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt);
+  DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture, OpKind op,
+                uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt);
 
   // Times the op when the inner future completes (the callback owns a reference to this work until then).
   void watch();

@@ -93,7 +93,8 @@ void DelayInjector::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t se
   }
   stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
   C10_THROW_ERROR(DistBackendError,
-                  c10::str("delaycomm: ", opName(op), " (sequence number ", seq, "): the group was shut down "
+                  c10::str("delaycomm: ", opName(op), " (sequence number ", seq,
+                           "): the group was shut down "
                            "(destroy_process_group or abort) while this call was held back on the calling thread by ",
                            what, "; the op was not issued"));
 }
@@ -111,8 +112,9 @@ void DelayInjector::applySlowdown(OpKind op, uint64_t seq, InjectorClock::time_p
   }
   const int64_t extraNs = extra >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(extra);
   const auto woke = hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), extraNs), deadline);
-  const auto what = c10::str("the compute slowdown of ", options_.slowdown, "x (", msOf(extraNs), " ms: ",
-                             options_.slowdown - 1.0, " x the ", msOf(gap), " ms since its previous op returned)");
+  const auto what =
+      c10::str("the compute slowdown of ", options_.slowdown, "x (", msOf(extraNs), " ms: ", options_.slowdown - 1.0,
+               " x the ", msOf(gap), " ms since its previous op returned)");
   throwIfClosed(woke, op, seq, what.c_str());
   if (woke == HostSleeper::Woke::kDeadline) {
     stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
@@ -131,7 +133,8 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
   struct ReturnStamp {
     std::atomic<int64_t>* last;
     ~ReturnStamp() {
-      if (last) last->store(injectorNowNs(), std::memory_order_relaxed);
+      if (last)
+        last->store(injectorNowNs(), std::memory_order_relaxed);
     }
   } stamp{slow ? &lastReturnNs_ : nullptr};
   if (slow) {
@@ -169,7 +172,8 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
       issueWithGpuDelay(op.device, boundedGpuDelayNs(networkDelayNs, options_.timeout),
                         /*joinCurrentStream=*/!op.asyncOp, [&] { innerWork = issue(true); });
 #else
-      TORCH_CHECK(false, "delaycomm: ", opName(op.kind), ": network delay on cuda tensors needs the GPU sleep kernel, "
+      TORCH_CHECK(false, "delaycomm: ", opName(op.kind),
+                  ": network delay on cuda tensors needs the GPU sleep kernel, "
                   "and this build of delaycomm has no CUDA sources (rebuild with nvcc, or use delay_where=host)");
 #endif
     } else {

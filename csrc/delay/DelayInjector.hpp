@@ -42,13 +42,13 @@ class DelayInjector {
  public:
   // Validated by the caller (Python's delaycomm._config, then BackendOptions).
   struct Options {
-    std::string delay = "none";       // a delay spec (delay/DelaySpec.hpp)
-    double fraction = 0.0;            // per-call Bernoulli probability
-    std::vector<int64_t> ranks;       // delayed ranks; empty = all
-    std::vector<OpKind> ops;          // delayed ops; empty = every delayable op
+    std::string delay = "none";  // a delay spec (delay/DelaySpec.hpp)
+    double fraction = 0.0;       // per-call Bernoulli probability
+    std::vector<int64_t> ranks;  // delayed ranks; empty = all
+    std::vector<OpKind> ops;     // delayed ops; empty = every delayable op
     DelayWhere where = DelayWhere::kNetwork;
     uint64_t seed = 0;
-    double slowdown = 1.0;            // this rank's compute slowdown K (>= 1)
+    double slowdown = 1.0;  // this rank's compute slowdown K (>= 1)
     std::chrono::milliseconds timeout{std::chrono::minutes(30)};
     std::string groupName;
   };

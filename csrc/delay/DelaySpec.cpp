@@ -2,9 +2,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -30,40 +30,50 @@ constexpr const char* kTraceFormat =
     "# are ignored";
 
 std::string_view trim(std::string_view s) {
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front()))) s.remove_prefix(1);
-  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back()))) s.remove_suffix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.front())))
+    s.remove_prefix(1);
+  while (!s.empty() && std::isspace(static_cast<unsigned char>(s.back())))
+    s.remove_suffix(1);
   return s;
 }
 
 std::string lower(std::string_view s) {
   std::string out(s);
-  for (auto& c : out) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  for (auto& c : out)
+    c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return out;
 }
 
 // Length of the valid UTF-8 sequence at s[i] (1 for ASCII), or 0 when the bytes there are not UTF-8.
 size_t utf8Length(std::string_view s, size_t i) {
   const auto c = static_cast<unsigned char>(s[i]);
-  if (c < 0x80) return 1;
+  if (c < 0x80)
+    return 1;
   size_t n = 0;
   unsigned char lo = 0x80, hi = 0xbf;  // the allowed range of the second byte (no overlongs, no surrogates)
   if (c >= 0xc2 && c <= 0xdf) {
     n = 2;
   } else if (c >= 0xe0 && c <= 0xef) {
     n = 3;
-    if (c == 0xe0) lo = 0xa0;
-    if (c == 0xed) hi = 0x9f;
+    if (c == 0xe0)
+      lo = 0xa0;
+    if (c == 0xed)
+      hi = 0x9f;
   } else if (c >= 0xf0 && c <= 0xf4) {
     n = 4;
-    if (c == 0xf0) lo = 0x90;
-    if (c == 0xf4) hi = 0x8f;
+    if (c == 0xf0)
+      lo = 0x90;
+    if (c == 0xf4)
+      hi = 0x8f;
   } else {
     return 0;
   }
-  if (i + n > s.size()) return 0;
+  if (i + n > s.size())
+    return 0;
   for (size_t k = 1; k < n; ++k) {
     const auto b = static_cast<unsigned char>(s[i + k]);
-    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf)) return 0;
+    if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xbf))
+      return 0;
   }
   return n;
 }
@@ -90,10 +100,13 @@ std::string notTextError(std::string_view line) {
 // Why a duration is invalid, or "" when it parses; the value in *seconds.
 std::string durationError(std::string_view raw, double* seconds) {
   const std::string_view s = trim(raw);
-  if (s.empty()) return "is empty (expected a number with a unit such as 50ms)";
+  if (s.empty())
+    return "is empty (expected a number with a unit such as 50ms)";
   size_t i = 0;
-  if (s[0] == '+') i = 1;
-  if (s[0] == '-') return "is negative (a delay must be >= 0)";
+  if (s[0] == '+')
+    i = 1;
+  if (s[0] == '-')
+    return "is negative (a delay must be >= 0)";
   // Number: digits, optional '.', digits, optional exponent. from_chars would accept "inf"/"nan": check first.
   const size_t numStart = i;
   if (i >= s.size() || !(std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) {
@@ -101,8 +114,10 @@ std::string durationError(std::string_view raw, double* seconds) {
   }
   double v = 0.0;
   auto [ptr, ec] = std::from_chars(s.data() + numStart, s.data() + s.size(), v, std::chars_format::general);
-  if (ec == std::errc::result_out_of_range) return std::string("is out of range (") + kDurationRange + ")";
-  if (ec != std::errc()) return "is not a number with a unit (expected e.g. 50ms, 1.5s, 800us)";
+  if (ec == std::errc::result_out_of_range)
+    return std::string("is out of range (") + kDurationRange + ")";
+  if (ec != std::errc())
+    return "is not a number with a unit (expected e.g. 50ms, 1.5s, 800us)";
   std::string_view unit = trim(std::string_view(ptr, s.data() + s.size() - ptr));
   const std::string u = lower(unit);
   double scale = 0.0;
@@ -133,7 +148,8 @@ std::string durationError(std::string_view raw, double* seconds) {
 
 // "p99" -> 0.99, "p999" -> 0.999, "p05" -> 0.05, "p99.9" -> 0.999; "" on success.
 std::string percentileError(const std::string& key, double* q) {
-  if (key.size() < 2 || key.size() > 20 || key[0] != 'p') return "expected a percentile key such as p50, p99, p999 or p99.9";
+  if (key.size() < 2 || key.size() > 20 || key[0] != 'p')
+    return "expected a percentile key such as p50, p99, p999 or p99.9";
   const std::string digits = key.substr(1);
   const size_t dot = digits.find('.');
   for (size_t i = 0; i < digits.size(); ++i) {
@@ -147,10 +163,12 @@ std::string percentileError(const std::string& key, double* q) {
     }
     *q = std::stod("0." + digits);
   } else {
-    if (dot + 1 >= digits.size()) return "expected digits after the '.' (e.g. p99.9)";
+    if (dot + 1 >= digits.size())
+      return "expected digits after the '.' (e.g. p99.9)";
     *q = std::stod(digits) / 100.0;
   }
-  if (!(*q > 0.0 && *q < 1.0)) return "must name a percentile strictly between 0 and 100";
+  if (!(*q > 0.0 && *q < 1.0))
+    return "must name a percentile strictly between 0 and 100";
   return "";
 }
 
@@ -225,12 +243,18 @@ uint64_t traceDigest(const std::vector<double>& sorted) {
 
 const char* familyName(DelaySpec::Family f) {
   switch (f) {
-    case DelaySpec::Family::kNone: return "none";
-    case DelaySpec::Family::kConst: return "const";
-    case DelaySpec::Family::kExp: return "exp";
-    case DelaySpec::Family::kLognormal: return "lognormal";
-    case DelaySpec::Family::kPareto: return "pareto";
-    case DelaySpec::Family::kTrace: return "trace";
+    case DelaySpec::Family::kNone:
+      return "none";
+    case DelaySpec::Family::kConst:
+      return "const";
+    case DelaySpec::Family::kExp:
+      return "exp";
+    case DelaySpec::Family::kLognormal:
+      return "lognormal";
+    case DelaySpec::Family::kPareto:
+      return "pareto";
+    case DelaySpec::Family::kTrace:
+      return "trace";
   }
   return "unknown";
 }
@@ -247,22 +271,30 @@ double parseDuration(std::string_view text, const std::string& what) {
 namespace {
 
 const char* fileKind(mode_t mode) {
-  if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
-  if (S_ISBLK(mode)) return "a block device";
-  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISDIR(mode))
+    return "a directory";
+  if (S_ISFIFO(mode))
+    return "a FIFO";
+  if (S_ISCHR(mode))
+    return "a character device";
+  if (S_ISBLK(mode))
+    return "a block device";
+  if (S_ISSOCK(mode))
+    return "a socket";
   return "not a regular file";
 }
 
-std::string errnoText(int err) { return std::error_code(err, std::generic_category()).message(); }
+std::string errnoText(int err) {
+  return std::error_code(err, std::generic_category()).message();
+}
 
 // Why the trace file at `path` is unusable ("trace file 'PATH' ..."), or "" with its latencies (unsorted) in
 // *values. The file is opened non-blocking (a FIFO without a writer would block open()) and checked with fstat
 // before anything is read; at most kMaxTraceBytes + 1 bytes are read, so a file that grows is refused too.
 std::string traceFileError(const std::string& path, std::vector<double>* values) {
   const std::string name = "trace file " + quoted(path);
-  if (path.find('\0') != std::string::npos) return name + " has a NUL byte in its path";
+  if (path.find('\0') != std::string::npos)
+    return name + " has a NUL byte in its path";
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     return name + " cannot be opened: " + errnoText(errno) + " (expected a readable regular file)";
@@ -271,8 +303,9 @@ std::string traceFileError(const std::string& path, std::vector<double>* values)
     int fd;
     ~Closer() { ::close(fd); }
   } closer{fd};
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) return name + " cannot be read: " + errnoText(errno);
+  struct stat st{};
+  if (::fstat(fd, &st) != 0)
+    return name + " cannot be read: " + errnoText(errno);
   if (!S_ISREG(st.st_mode)) {
     return name + " is " + fileKind(st.st_mode) + " (expected a regular file)";
   }
@@ -283,37 +316,47 @@ std::string traceFileError(const std::string& path, std::vector<double>* values)
   std::string data(static_cast<size_t>(st.st_size) + 1, '\0');
   size_t got = 0;
   while (got <= kMaxTraceBytes) {
-    if (got == data.size()) data.resize(std::min(kMaxTraceBytes + 1, data.size() * 2));
+    if (got == data.size())
+      data.resize(std::min(kMaxTraceBytes + 1, data.size() * 2));
     const ssize_t n = ::read(fd, data.data() + got, data.size() - got);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return name + " cannot be read: " + errnoText(errno);
-    if (n == 0) break;
+    if (n < 0 && errno == EINTR)
+      continue;
+    if (n < 0)
+      return name + " cannot be read: " + errnoText(errno);
+    if (n == 0)
+      break;
     got += static_cast<size_t>(n);
   }
-  if (got > kMaxTraceBytes) return name + " has more than " + limit + " (it grew while being read)";
+  if (got > kMaxTraceBytes)
+    return name + " has more than " + limit + " (it grew while being read)";
   data.resize(got);
 
   size_t lineNo = 0;
   size_t pos = 0;
   while (pos < data.size()) {
     size_t end = data.find('\n', pos);
-    if (end == std::string::npos) end = data.size();
+    if (end == std::string::npos)
+      end = data.size();
     ++lineNo;
     const std::string_view raw = std::string_view(data).substr(pos, end - pos);
     pos = end + 1;
     const std::string where = name + " line " + std::to_string(lineNo);
     const std::string notText = notTextError(raw);
-    if (!notText.empty()) return where + " " + notText + "; " + kTraceFormat;
+    if (!notText.empty())
+      return where + " " + notText + "; " + kTraceFormat;
     const std::string_view line = trim(raw);
-    if (line.empty() || line[0] == '#') continue;
+    if (line.empty() || line[0] == '#')
+      continue;
     double v = 0.0;
     const std::string why = durationError(line, &v);
-    if (!why.empty()) return where + ": " + quoted(line) + " " + why + "; " + kTraceFormat;
+    if (!why.empty())
+      return where + ": " + quoted(line) + " " + why + "; " + kTraceFormat;
     values->push_back(v);
   }
   if (values->empty()) {
-    return name + " has no latencies (expected at least one line such as 12.5ms; blank lines and lines starting "
-                  "with # are ignored)";
+    return name +
+           " has no latencies (expected at least one line such as 12.5ms; blank lines and lines starting "
+           "with # are ignored)";
   }
   return "";
 }
@@ -323,7 +366,8 @@ std::string traceFileError(const std::string& path, std::vector<double>* values)
 std::vector<double> parseTraceFile(const std::string& path) {
   std::vector<double> values;
   const std::string why = traceFileError(path, &values);
-  if (!why.empty()) throw std::invalid_argument("delaycomm: " + why);
+  if (!why.empty())
+    throw std::invalid_argument("delaycomm: " + why);
   std::sort(values.begin(), values.end());
   return values;
 }
@@ -344,12 +388,14 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
   const std::string_view args = trim(text.substr(colon + 1));
 
   if (family == "trace") {
-    if (args.empty()) badSpec(rawText, "trace needs a file path (trace:FILE)");
+    if (args.empty())
+      badSpec(rawText, "trace needs a file path (trace:FILE)");
     spec.family = DelaySpec::Family::kTrace;
     spec.tracePath = std::string(args);
     std::vector<double> values;
     const std::string why = traceFileError(spec.tracePath, &values);
-    if (!why.empty()) throw invalidDelaySpec(rawText, why);
+    if (!why.empty())
+      throw invalidDelaySpec(rawText, why);
     std::sort(values.begin(), values.end());
     spec.traceDigest = traceDigest(values);
     spec.trace = std::make_shared<const std::vector<double>>(std::move(values));
@@ -359,7 +405,8 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
     spec.family = DelaySpec::Family::kConst;
     double v = 0.0;
     const std::string why = durationError(args, &v);
-    if (!why.empty()) badSpec(rawText, "const duration " + quoted(args) + " " + why);
+    if (!why.empty())
+      badSpec(rawText, "const duration " + quoted(args) + " " + why);
     spec.constSeconds = v;
     return spec;
   }
@@ -377,7 +424,8 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
     }
     const std::string key = lower(trim(arg.substr(0, eq)));
     const std::string_view valueText = trim(arg.substr(eq + 1));
-    if (!seen.insert(key).second) badSpec(rawText, "key " + quoted(key) + " is given twice");
+    if (!seen.insert(key).second)
+      badSpec(rawText, "key " + quoted(key) + " is given twice");
     double q = 0.0;
     if (key != "mean") {
       const std::string qwhy = percentileError(key, &q);
@@ -387,7 +435,8 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
     }
     double v = 0.0;
     const std::string why = durationError(valueText, &v);
-    if (!why.empty()) badSpec(rawText, "value of " + quoted(key) + " " + quoted(valueText) + " " + why);
+    if (!why.empty())
+      badSpec(rawText, "value of " + quoted(key) + " " + quoted(valueText) + " " + why);
     if (key == "mean") {
       if (spec.family != DelaySpec::Family::kExp) {
         badSpec(rawText, family + " is given by percentiles (pQ=DURATION), not by its mean");
@@ -396,18 +445,20 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
       continue;
     }
     for (const auto& p : spec.percentiles) {
-      if (p.q == q) badSpec(rawText, "key " + quoted(key) + " names a percentile that is given twice");
+      if (p.q == q)
+        badSpec(rawText, "key " + quoted(key) + " names a percentile that is given twice");
     }
     spec.percentiles.push_back({q, v});
   }
-  std::sort(spec.percentiles.begin(), spec.percentiles.end(),
-            [](const auto& a, const auto& b) { return a.q < b.q; });
+  std::sort(spec.percentiles.begin(), spec.percentiles.end(), [](const auto& a, const auto& b) { return a.q < b.q; });
   const size_t n = spec.percentiles.size();
   if (spec.family == DelaySpec::Family::kExp) {
     const size_t given = n + (seen.count("mean") ? 1 : 0);
-    if (given != 1) badSpec(rawText, "exp takes exactly one of mean=DURATION or one percentile (e.g. p99=400ms)");
+    if (given != 1)
+      badSpec(rawText, "exp takes exactly one of mean=DURATION or one percentile (e.g. p99=400ms)");
     const double v = n ? spec.percentiles[0].seconds : spec.expMeanSeconds;
-    if (!(v > 0.0)) badSpec(rawText, "the exp parameter must be > 0");
+    if (!(v > 0.0))
+      badSpec(rawText, "the exp parameter must be > 0");
     return spec;
   }
   if (n < 2 || n > 3) {

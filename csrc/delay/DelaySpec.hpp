@@ -39,11 +39,11 @@ struct DelaySpec {
   };
 
   Family family = Family::kNone;
-  std::string text;                     // the spec as given
-  double constSeconds = 0.0;            // kConst
-  double expMeanSeconds = 0.0;          // kExp given by its mean (0 when given by a percentile)
-  std::vector<Percentile> percentiles;  // kExp/kLognormal/kPareto, sorted by q
-  std::string tracePath;                // kTrace
+  std::string text;                                  // the spec as given
+  double constSeconds = 0.0;                         // kConst
+  double expMeanSeconds = 0.0;                       // kExp given by its mean (0 when given by a percentile)
+  std::vector<Percentile> percentiles;               // kExp/kLognormal/kPareto, sorted by q
+  std::string tracePath;                             // kTrace
   std::shared_ptr<const std::vector<double>> trace;  // kTrace: sorted latencies in seconds
   uint64_t traceDigest = 0;  // kTrace: FNV-1a of the sorted latencies (compares files by content, not by path)
 
@@ -53,8 +53,8 @@ struct DelaySpec {
 // The list of accepted forms, for error messages.
 extern const char* const kAcceptedDelaySpecs;
 
-inline constexpr double kMinDelaySeconds = 1e-9;      // the shortest nonzero duration (1 ns)
-inline constexpr double kMaxDelaySeconds = 86400.0;   // the longest duration (24 h)
+inline constexpr double kMinDelaySeconds = 1e-9;            // the shortest nonzero duration (1 ns)
+inline constexpr double kMaxDelaySeconds = 86400.0;         // the longest duration (24 h)
 inline constexpr size_t kMaxTraceBytes = size_t{64} << 20;  // the largest trace file (64 MiB)
 
 // "delaycomm: invalid delay spec 'TEXT': WHY" (TEXT quoted and escaped), the one form of every spec error.

@@ -57,18 +57,19 @@ inline std::string delayTimeoutMessage(std::string_view op, uint64_t seq, std::s
 inline std::exception_ptr delayTimeoutError(std::string_view op, uint64_t seq, std::string_view method,
                                             std::chrono::milliseconds limit, bool groupTimeout,
                                             std::string_view cause) {
-  return std::make_exception_ptr(c10::DistBackendError(
-      {__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-      delayTimeoutMessage(op, seq, method, limit, groupTimeout, cause)));
+  return std::make_exception_ptr(
+      c10::DistBackendError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                            delayTimeoutMessage(op, seq, method, limit, groupTimeout, cause)));
 }
 
 [[noreturn]] inline void throwDelayTimeout(std::string_view op, uint64_t seq, std::string_view method,
-                                           std::chrono::milliseconds limit, bool groupTimeout,
-                                           std::string_view cause) {
+                                           std::chrono::milliseconds limit, bool groupTimeout, std::string_view cause) {
   C10_THROW_ERROR(DistBackendError, delayTimeoutMessage(op, seq, method, limit, groupTimeout, cause));
 }
 
 // Milliseconds in a nanosecond count, for messages.
-inline int64_t msOf(int64_t ns) { return ns / 1000000; }
+inline int64_t msOf(int64_t ns) {
+  return ns / 1000000;
+}
 
 }  // namespace delaycomm

@@ -30,7 +30,8 @@ std::string dur(double s) {
 std::string specText(const std::string& family, const std::vector<FitTarget>& comp) {
   std::string s = family + ":";
   for (size_t i = 0; i < comp.size(); ++i) {
-    if (i > 0) s += ',';
+    if (i > 0)
+      s += ',';
     s += pct(comp[i].q) + "=" + dur(comp[i].seconds);
   }
   return s;
@@ -59,7 +60,8 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
     }
     const double undelayed = 1.0 - f;
     if (t.q <= undelayed) {
-      if (t.seconds == 0.0) continue;
+      if (t.seconds == 0.0)
+        continue;
       char buf[320];
       std::snprintf(buf, sizeof(buf),
                     "with fraction=%g, %.4g%% of the calls are not delayed, so the overall %s is the undelayed "
@@ -73,7 +75,8 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
     }
     comp.push_back({1.0 - (1.0 - t.q) / f, t.seconds});
   }
-  if (comp.empty()) cannot("no target above 0 is left to fit (give p99, or p50 with fraction > 0.5)");
+  if (comp.empty())
+    cannot("no target above 0 is left to fit (give p99, or p50 with fraction > 0.5)");
 
   std::vector<std::string> families;
   if (comp.size() == 1) {
@@ -85,7 +88,8 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
   } else if (family == "exp") {
     cannot("exp has one parameter; it cannot meet " + std::to_string(comp.size()) + " percentiles");
   } else if (family == "auto") {
-    families = comp.size() == 3 ? std::vector<std::string>{"lognormal", "pareto"} : std::vector<std::string>{"lognormal"};
+    families =
+        comp.size() == 3 ? std::vector<std::string>{"lognormal", "pareto"} : std::vector<std::string>{"lognormal"};
   } else {
     families = {family};
   }

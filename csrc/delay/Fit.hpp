@@ -7,7 +7,8 @@
 
 namespace delaycomm {
 
-// Fits a delay spec to *overall* latency percentiles, when only `fraction` of the calls are delayed (docs/delay.md, "fit(): the mixture").
+// Fits a delay spec to *overall* latency percentiles, when only `fraction` of the calls are delayed (docs/delay.md,
+// "fit(): the mixture").
 //
 // The added latency of a call is 0 with probability 1 - f and D ~ G (the spec) with probability f, so its CDF is
 // F(x) = (1 - f) + f G(x) for x >= 0 and its overall quantile q is G^-1(1 - (1 - q) / f) when q > 1 - f, else 0.
@@ -24,7 +25,7 @@ struct FitTarget {
 };
 
 struct FitResult {
-  std::string spec;                  // e.g. "lognormal:p37.5=60ms,p98.75=400ms"
+  std::string spec;  // e.g. "lognormal:p37.5=60ms,p98.75=400ms"
   std::string family;
   double fraction = 0.0;
   std::vector<FitTarget> component;  // the component percentiles the spec goes through

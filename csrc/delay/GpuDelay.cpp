@@ -1,10 +1,10 @@
 #include "delay/GpuDelay.hpp"
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <c10/core/DeviceGuard.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <c10/util/Exception.h>
-#include <ATen/cuda/CUDAEvent.h>
 
 #include "delay/SleepKernel.hpp"
 

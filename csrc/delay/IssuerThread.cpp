@@ -75,11 +75,14 @@ IssuerThread::IssuerThread(std::string name) : name_(std::move(name)), state_(st
   pthread_setname_np(thread_.native_handle(), threadName.c_str());
 }
 
-IssuerThread::~IssuerThread() { stop(); }
+IssuerThread::~IssuerThread() {
+  stop();
+}
 
 bool IssuerThread::runInlineIfIdle(const std::function<void()>& fn) {
   std::lock_guard<std::mutex> lock(state_->mutex);
-  if (!state_->queue.empty() || state_->busy) return false;
+  if (!state_->queue.empty() || state_->busy)
+    return false;
   fn();
   return true;
 }
@@ -87,12 +90,13 @@ bool IssuerThread::runInlineIfIdle(const std::function<void()>& fn) {
 IssuerThread::Item IssuerThread::popFrontLocked(State& s) {
   Item it = std::move(s.queue.front());
   s.queue.pop_front();
-  if (s.expired > 0) --s.expired;
+  if (s.expired > 0)
+    --s.expired;
   return it;
 }
 
-void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel,
-                          SteadyClock::time_point expireAt, Expire expire) {
+void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel, SteadyClock::time_point expireAt,
+                          Expire expire) {
   State& s = *state_;
   std::unique_lock<std::mutex> lock(s.mutex);
   s.queue.push_back(Item{releaseAt, std::move(task), std::move(cancel), expireAt, std::move(expire)});
@@ -104,7 +108,8 @@ void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel c
   // included) right here, in order, one issuer at a time.
   while (true) {
     s.cv.wait(lock, [&s] { return !s.busy; });
-    if (s.queue.empty()) break;
+    if (s.queue.empty())
+      break;
     Item it = popFrontLocked(s);
     s.busy = true;
     lock.unlock();
@@ -125,7 +130,8 @@ void IssuerThread::loop(const std::shared_ptr<State>& state) {
       continue;
     }
     if (s.queue.empty()) {
-      if (s.stopping) break;
+      if (s.stopping)
+        break;
       s.cv.wait(lock);
       continue;
     }
@@ -134,12 +140,14 @@ void IssuerThread::loop(const std::shared_ptr<State>& state) {
       // Expire, in queue order, the ops held back past their expiry (their works fail with the timeout error).
       std::vector<Expire> due;
       while (s.expired < s.queue.size() && s.queue[s.expired].expireAt <= now) {
-        if (s.queue[s.expired].expire) due.push_back(s.queue[s.expired].expire);
+        if (s.queue[s.expired].expire)
+          due.push_back(s.queue[s.expired].expire);
         ++s.expired;
       }
       if (!due.empty()) {
         lock.unlock();
-        for (auto& fn : due) fn();
+        for (auto& fn : due)
+          fn();
         due.clear();
         lock.lock();
         continue;  // re-check: the queue may have changed
@@ -147,7 +155,8 @@ void IssuerThread::loop(const std::shared_ptr<State>& state) {
       const auto releaseAt = s.queue.front().releaseAt;
       if (now < releaseAt - kSpinMargin) {
         auto wakeAt = releaseAt - kSpinMargin;
-        if (s.expired < s.queue.size()) wakeAt = std::min(wakeAt, s.queue[s.expired].expireAt);
+        if (s.expired < s.queue.size())
+          wakeAt = std::min(wakeAt, s.queue[s.expired].expireAt);
         s.cv.wait_until(lock, wakeAt);
         continue;  // re-check: a drain, a cancel or an expiry may have come
       }
@@ -215,7 +224,8 @@ void IssuerThread::cancelAll(std::exception_ptr error) {
   }
   state_->cv.notify_all();
   for (auto& it : cancelled) {
-    if (it.cancel) it.cancel(error);
+    if (it.cancel)
+      it.cancel(error);
   }
 }
 

@@ -94,11 +94,11 @@ class IssuerThread {
     std::mutex mutex;
     std::condition_variable cv;
     std::deque<Item> queue;
-    size_t expired = 0;      // queue[0, expired) have had their expire callback
-    bool busy = false;       // an item was popped and is being issued
-    bool draining = false;   // release everything now (stop())
+    size_t expired = 0;     // queue[0, expired) have had their expire callback
+    bool busy = false;      // an item was popped and is being issued
+    bool draining = false;  // release everything now (stop())
     bool stopping = false;
-    bool finished = false;   // loop() returned
+    bool finished = false;  // loop() returned
   };
   static void loop(const std::shared_ptr<State>& s);
   // Pops the front item; s.mutex held.

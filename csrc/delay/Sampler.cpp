@@ -55,10 +55,12 @@ bool solveShift(const double t[3], const double x[3], double cLo, double* c) {
   auto f = [&](double cc) { return std::log((x[2] - cc) / (x[1] - cc)) - r * std::log((x[1] - cc) / (x[0] - cc)); };
   double lo = cLo;
   double hi = x[0];
-  if (!(f(lo) >= 0.0)) return false;
+  if (!(f(lo) >= 0.0))
+    return false;
   for (int i = 0; i < 200; ++i) {
     const double mid = 0.5 * (lo + hi);
-    if (mid <= lo || mid >= hi) break;
+    if (mid <= lo || mid >= hi)
+      break;
     (f(mid) >= 0.0 ? lo : hi) = mid;
   }
   *c = lo;
@@ -89,15 +91,19 @@ std::pair<double, double> counterUniforms(uint64_t seed, uint64_t rank, uint64_t
   return {toUnit(r[0], r[1]), toUnit(r[2], r[3])};
 }
 
-double normalCdf(double z) { return 0.5 * std::erfc(-z / std::sqrt(2.0)); }
+double normalCdf(double z) {
+  return 0.5 * std::erfc(-z / std::sqrt(2.0));
+}
 
 double normalQuantile(double p) {
-  if (p <= 0.0) return -std::numeric_limits<double>::infinity();
-  if (p >= 1.0) return std::numeric_limits<double>::infinity();
-  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
+  if (p <= 0.0)
+    return -std::numeric_limits<double>::infinity();
+  if (p >= 1.0)
+    return std::numeric_limits<double>::infinity();
+  static const double a[] = {-3.969683028665376e+01, 2.209460984245205e+02,  -2.759285104469687e+02,
                              1.383577518672690e+02,  -3.066479806614716e+01, 2.506628277459239e+00};
   static const double b[] = {-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
-                             6.680131188771972e+01,  -1.328068155288572e+01};
+                             6.680131188771972e+01, -1.328068155288572e+01};
   static const double c[] = {-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
                              -2.549732539343734e+00, 4.374664141464968e+00,  2.938163982698783e+00};
   static const double d[] = {7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00,
@@ -163,17 +169,17 @@ void DelaySampler::solve() {
   // The two-percentile fit, as a reference point in error messages.
   const double b2 = (std::log(x[1]) - std::log(x[0])) / (t[1] - t[0]);
   const double ref = std::exp(std::log(x[0]) + b2 * (t[2] - t[0]));
-  const std::string where = fmtKey(p[0].q) + "=" + fmtSeconds(x[0]) + "," + fmtKey(p[1].q) + "=" +
-                            fmtSeconds(x[1]);
+  const std::string where = fmtKey(p[0].q) + "=" + fmtSeconds(x[0]) + "," + fmtKey(p[1].q) + "=" + fmtSeconds(x[1]);
   bool ok = false;
   if (logn) {
     ok = solveShift(t, x, 0.0, &c_);
     if (!ok) {
-      throw invalidDelaySpec(
-          spec_.text, "no lognormal with a shift >= 0 has " +
-          fmtKey(p[2].q) + "=" + fmtSeconds(x[2]) + " through " + where + ": a shift only makes the tail heavier, "
-          "so " + fmtKey(p[2].q) + " must be at least " + fmtSeconds(ref) +
-          " (the plain lognormal's); give a larger value, drop it, or use pareto");
+      throw invalidDelaySpec(spec_.text, "no lognormal with a shift >= 0 has " + fmtKey(p[2].q) + "=" +
+                                             fmtSeconds(x[2]) + " through " + where +
+                                             ": a shift only makes the tail heavier, "
+                                             "so " +
+                                             fmtKey(p[2].q) + " must be at least " + fmtSeconds(ref) +
+                                             " (the plain lognormal's); give a larger value, drop it, or use pareto");
     }
   } else {
     for (int k = 0; k < 64 && !ok; ++k) {
@@ -185,16 +191,18 @@ void DelaySampler::solve() {
     a_ = std::log(x[0] - c_) - b_ * t[0];
   }
   if (!logn && (!ok || c_ + std::exp(a_) < 0.0)) {
-    throw invalidDelaySpec(
-        spec_.text, "no generalised Pareto with a location >= 0 has " +
-        fmtKey(p[2].q) + "=" + fmtSeconds(x[2]) + " through " + where + " (the Pareto I through those two has " +
-        fmtKey(p[2].q) + "=" + fmtSeconds(ref) + "; a lighter tail than an exponential's is out of reach); "
-        "give a larger value, drop it, or use lognormal");
+    throw invalidDelaySpec(spec_.text, "no generalised Pareto with a location >= 0 has " + fmtKey(p[2].q) + "=" +
+                                           fmtSeconds(x[2]) + " through " + where +
+                                           " (the Pareto I through those two has " + fmtKey(p[2].q) + "=" +
+                                           fmtSeconds(ref) +
+                                           "; a lighter tail than an exponential's is out of reach); "
+                                           "give a larger value, drop it, or use lognormal");
   }
 }
 
 double DelaySampler::sampleFor(uint64_t rank, uint64_t stream, uint64_t seq) const {
-  if (spec_.isNone()) return 0.0;
+  if (spec_.isNone())
+    return 0.0;
   return quantile(counterUniforms(seed_, rank, stream, seq).first);
 }
 
@@ -202,14 +210,20 @@ double DelaySampler::quantile(double u) const {
   using F = DelaySpec::Family;
   u = std::clamp(u, 0.0, 1.0);
   switch (spec_.family) {
-    case F::kNone: return 0.0;
-    case F::kConst: return value_;
-    case F::kExp: return -std::log1p(-u) / rate_;
-    case F::kLognormal: return c_ + std::exp(a_ + b_ * normalQuantile(u));
-    case F::kPareto: return c_ + std::exp(a_ + b_ * -std::log1p(-u));
+    case F::kNone:
+      return 0.0;
+    case F::kConst:
+      return value_;
+    case F::kExp:
+      return -std::log1p(-u) / rate_;
+    case F::kLognormal:
+      return c_ + std::exp(a_ + b_ * normalQuantile(u));
+    case F::kPareto:
+      return c_ + std::exp(a_ + b_ * -std::log1p(-u));
     case F::kTrace: {
       const auto& v = *spec_.trace;
-      if (v.size() == 1) return v[0];
+      if (v.size() == 1)
+        return v[0];
       const double pos = u * static_cast<double>(v.size() - 1);
       const size_t i = std::min(static_cast<size_t>(pos), v.size() - 2);
       const double frac = pos - static_cast<double>(i);
@@ -221,21 +235,29 @@ double DelaySampler::quantile(double u) const {
 
 double DelaySampler::cdf(double x) const {
   using F = DelaySpec::Family;
-  if (std::isnan(x)) return std::numeric_limits<double>::quiet_NaN();
+  if (std::isnan(x))
+    return std::numeric_limits<double>::quiet_NaN();
   switch (spec_.family) {
-    case F::kNone: return x >= 0.0 ? 1.0 : 0.0;
-    case F::kConst: return x >= value_ ? 1.0 : 0.0;
-    case F::kExp: return x <= 0.0 ? 0.0 : -std::expm1(-rate_ * x);
-    case F::kLognormal: return x <= c_ ? 0.0 : normalCdf((std::log(x - c_) - a_) / b_);
+    case F::kNone:
+      return x >= 0.0 ? 1.0 : 0.0;
+    case F::kConst:
+      return x >= value_ ? 1.0 : 0.0;
+    case F::kExp:
+      return x <= 0.0 ? 0.0 : -std::expm1(-rate_ * x);
+    case F::kLognormal:
+      return x <= c_ ? 0.0 : normalCdf((std::log(x - c_) - a_) / b_);
     case F::kPareto: {
-      if (x <= c_) return 0.0;
+      if (x <= c_)
+        return 0.0;
       const double t = (std::log(x - c_) - a_) / b_;
       return t <= 0.0 ? 0.0 : -std::expm1(-t);
     }
     case F::kTrace: {
       const auto& v = *spec_.trace;
-      if (x < v.front()) return 0.0;
-      if (x >= v.back()) return 1.0;
+      if (x < v.front())
+        return 0.0;
+      if (x >= v.back())
+        return 1.0;
       // v.front() <= x < v.back(), so n >= 2 and 1 <= idx <= n - 1.
       const size_t idx = std::upper_bound(v.begin(), v.end(), x) - v.begin();
       const size_t i = idx - 1;
@@ -249,19 +271,25 @@ double DelaySampler::cdf(double x) const {
 double DelaySampler::mean() const {
   using F = DelaySpec::Family;
   switch (spec_.family) {
-    case F::kNone: return 0.0;
-    case F::kConst: return value_;
-    case F::kExp: return 1.0 / rate_;
-    case F::kLognormal: return c_ + std::exp(a_ + b_ * b_ / 2);
+    case F::kNone:
+      return 0.0;
+    case F::kConst:
+      return value_;
+    case F::kExp:
+      return 1.0 / rate_;
+    case F::kLognormal:
+      return c_ + std::exp(a_ + b_ * b_ / 2);
     case F::kPareto: {
       const double shape = 1.0 / b_;
       return shape > 1.0 ? c_ + std::exp(a_) * shape / (shape - 1.0) : std::numeric_limits<double>::infinity();
     }
     case F::kTrace: {
       const auto& v = *spec_.trace;
-      if (v.size() == 1) return v[0];
+      if (v.size() == 1)
+        return v[0];
       double s = 0.0;  // the mean of the piecewise-linear quantile function: trapezoids
-      for (size_t i = 0; i + 1 < v.size(); ++i) s += 0.5 * (v[i] + v[i + 1]);
+      for (size_t i = 0; i + 1 < v.size(); ++i)
+        s += 0.5 * (v[i] + v[i + 1]);
       return s / static_cast<double>(v.size() - 1);
     }
   }
@@ -271,10 +299,14 @@ double DelaySampler::mean() const {
 std::vector<std::pair<std::string, double>> DelaySampler::parameters() const {
   using F = DelaySpec::Family;
   switch (spec_.family) {
-    case F::kNone: return {};
-    case F::kConst: return {{"value_s", value_}};
-    case F::kExp: return {{"rate_per_s", rate_}, {"mean_s", 1.0 / rate_}};
-    case F::kLognormal: return {{"mu", a_}, {"sigma", b_}, {"shift_s", c_}};
+    case F::kNone:
+      return {};
+    case F::kConst:
+      return {{"value_s", value_}};
+    case F::kExp:
+      return {{"rate_per_s", rate_}, {"mean_s", 1.0 / rate_}};
+    case F::kLognormal:
+      return {{"mu", a_}, {"sigma", b_}, {"shift_s", c_}};
     case F::kPareto:
       return {{"scale_s", std::exp(a_)}, {"shape", 1.0 / b_}, {"shift_s", c_}, {"location_s", c_ + std::exp(a_)}};
     case F::kTrace: {

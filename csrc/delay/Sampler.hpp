@@ -47,7 +47,7 @@ class DelaySampler {
   double sampleFor(uint64_t rank, uint64_t stream, uint64_t seq) const;
   double quantile(double u) const;  // seconds; u in [0, 1]
   double cdf(double seconds) const;
-  double mean() const;              // seconds; +inf for a Pareto with shape <= 1
+  double mean() const;  // seconds; +inf for a Pareto with shape <= 1
 
   const DelaySpec& spec() const { return spec_; }
   uint64_t seed() const { return seed_; }
@@ -62,8 +62,8 @@ class DelaySampler {
   DelaySpec spec_;
   uint64_t seed_;
   uint64_t rank_;
-  double value_ = 0.0;  // const
-  double rate_ = 0.0;   // exp, per second
+  double value_ = 0.0;                  // const
+  double rate_ = 0.0;                   // exp, per second
   double a_ = 0.0, b_ = 0.0, c_ = 0.0;  // lognormal / pareto
 };
 

@@ -33,14 +33,17 @@ bool DelaySchedule::targets(int64_t rank) const {
 }
 
 bool DelaySchedule::delayed(int64_t rank, uint64_t stream, uint64_t seq) const {
-  if (!active() || !targets(rank)) return false;
+  if (!active() || !targets(rank))
+    return false;
   return counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq).second < fraction_;
 }
 
 int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq) const {
-  if (!active() || !targets(rank)) return 0;
+  if (!active() || !targets(rank))
+    return 0;
   const auto [uDelay, uSelect] = counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq);
-  if (!(uSelect < fraction_)) return 0;
+  if (!(uSelect < fraction_))
+    return 0;
   const double ns = sampler_.quantile(uDelay) * 1e9;
   return static_cast<int64_t>(std::llround(std::min(ns, kMaxDelayNs)));
 }

@@ -16,7 +16,8 @@ __global__ void sleepKernel(unsigned long long ns) {
   const unsigned long long start = globalTimerNs();
   while (true) {
     const unsigned long long elapsed = globalTimerNs() - start;
-    if (elapsed >= ns) break;
+    if (elapsed >= ns)
+      break;
     const unsigned long long left = ns - elapsed;
     // __nanosleep takes at most ~1 ms and may sleep up to twice as long as asked: halve the remainder, and spin
     // through the last 2 us.
@@ -29,7 +30,8 @@ __global__ void sleepKernel(unsigned long long ns) {
 }  // namespace
 
 std::string launchSleepKernel(int64_t ns, void* stream) {
-  if (ns <= 0) return "";
+  if (ns <= 0)
+    return "";
   sleepKernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(static_cast<unsigned long long>(ns));
   const cudaError_t err = cudaGetLastError();
   return err == cudaSuccess ? std::string() : std::string(cudaGetErrorString(err));

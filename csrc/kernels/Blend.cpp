@@ -37,8 +37,8 @@ void checkDense(const std::string& name, const at::Tensor& t) {
   DELAYCOMM_BLEND_CHECK_VALUE(t.defined(), name, " must be a tensor, got an undefined tensor");
   DELAYCOMM_BLEND_CHECK_VALUE(t.layout() == c10::kStrided, name, " must be a strided (dense) tensor, got layout ",
                               t.layout());
-  DELAYCOMM_BLEND_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous, got sizes ", t.sizes(),
-                              " and strides ", t.strides());
+  DELAYCOMM_BLEND_CHECK_VALUE(t.is_contiguous(), name, " must be contiguous, got sizes ", t.sizes(), " and strides ",
+                              t.strides());
 }
 
 // The checks of stale[i] and stash: checkDense, and grad's dtype, device and number of elements.
@@ -46,10 +46,10 @@ void checkOperand(const std::string& name, const at::Tensor& t, const at::Tensor
   checkDense(name, t);
   DELAYCOMM_BLEND_CHECK_TYPE(t.scalar_type() == grad.scalar_type(), name, " must have grad's dtype ",
                              dtypeName(grad.scalar_type()), ", got ", dtypeName(t.scalar_type()));
-  DELAYCOMM_BLEND_CHECK_VALUE(t.device() == grad.device(), name, " must be on grad's device ", grad.device(),
-                              ", got ", t.device());
-  DELAYCOMM_BLEND_CHECK_VALUE(t.numel() == grad.numel(), name, " must have grad's number of elements ",
-                              grad.numel(), ", got ", t.numel(), " (sizes ", t.sizes(), ")");
+  DELAYCOMM_BLEND_CHECK_VALUE(t.device() == grad.device(), name, " must be on grad's device ", grad.device(), ", got ",
+                              t.device());
+  DELAYCOMM_BLEND_CHECK_VALUE(t.numel() == grad.numel(), name, " must have grad's number of elements ", grad.numel(),
+                              ", got ", t.numel(), " (sizes ", t.sizes(), ")");
 }
 
 // Whether the byte ranges of two contiguous tensors intersect (exact for contiguous tensors).
@@ -66,21 +66,19 @@ bool overlaps(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-void fusedBlend(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tensor> stale,
-                c10::ArrayRef<double> staleScales, const std::optional<at::Tensor>& stash) {
+void fusedBlend(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tensor> stale, c10::ArrayRef<double> staleScales,
+                const std::optional<at::Tensor>& stash) {
   checkDense("grad", grad);
   DELAYCOMM_BLEND_CHECK_TYPE(supportedDtype(grad.scalar_type()),
-                             "grad must be float32, float64, bfloat16 or float16, got ",
-                             dtypeName(grad.scalar_type()));
+                             "grad must be float32, float64, bfloat16 or float16, got ", dtypeName(grad.scalar_type()));
   DELAYCOMM_BLEND_CHECK_VALUE(grad.is_cpu() || grad.is_cuda(), "grad must be on a cpu or cuda device, got ",
                               grad.device());
   DELAYCOMM_BLEND_CHECK_VALUE(!grad.requires_grad(),
                               "grad must not require grad (fusedBlend writes it outside autograd), got "
                               "requires_grad=True");
   DELAYCOMM_BLEND_CHECK_VALUE(std::isfinite(freshScale), "fresh_scale must be finite, got ", freshScale);
-  DELAYCOMM_BLEND_CHECK_VALUE(stale.size() == staleScales.size(),
-                              "stale_scales must have one scale per stale tensor (", stale.size(), "), got ",
-                              staleScales.size());
+  DELAYCOMM_BLEND_CHECK_VALUE(stale.size() == staleScales.size(), "stale_scales must have one scale per stale tensor (",
+                              stale.size(), "), got ", staleScales.size());
   for (size_t i = 0; i < stale.size(); ++i) {
     const std::string name = "stale[" + std::to_string(i) + "]";
     checkOperand(name, stale[i], grad);
@@ -131,11 +129,20 @@ void fusedBlendCuda(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tenso
   const cudaStream_t stream = at::cuda::getCurrentCUDAStream(grad.get_device()).stream();
   cuda::BlendLaunchArgs args;
   switch (grad.scalar_type()) {
-    case at::kFloat: args.dtype = cuda::BlendDType::kFloat32; break;
-    case at::kDouble: args.dtype = cuda::BlendDType::kFloat64; break;
-    case at::kBFloat16: args.dtype = cuda::BlendDType::kBFloat16; break;
-    case at::kHalf: args.dtype = cuda::BlendDType::kFloat16; break;
-    default: TORCH_INTERNAL_ASSERT(false, "fusedBlendCuda: dtype passed the checks but has no kernel");
+    case at::kFloat:
+      args.dtype = cuda::BlendDType::kFloat32;
+      break;
+    case at::kDouble:
+      args.dtype = cuda::BlendDType::kFloat64;
+      break;
+    case at::kBFloat16:
+      args.dtype = cuda::BlendDType::kBFloat16;
+      break;
+    case at::kHalf:
+      args.dtype = cuda::BlendDType::kFloat16;
+      break;
+    default:
+      TORCH_INTERNAL_ASSERT(false, "fusedBlendCuda: dtype passed the checks but has no kernel");
   }
   args.grad = grad.mutable_data_ptr();
   args.numel = grad.numel();
@@ -154,9 +161,9 @@ void fusedBlendCuda(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tenso
       args.staleScales[i] = staleScales[next + i];
     }
     const cudaError_t err = cuda::launchBlend(args, stream);
-    TORCH_CHECK(err == cudaSuccess, "delaycomm: fusedBlend: CUDA launch failed on ", grad.device(), " (",
-                count, " stale tensors from stale[", next, "], dtype ", dtypeName(grad.scalar_type()), ", ",
-                grad.numel(), " elements): ", cudaGetErrorString(err));
+    TORCH_CHECK(err == cudaSuccess, "delaycomm: fusedBlend: CUDA launch failed on ", grad.device(), " (", count,
+                " stale tensors from stale[", next, "], dtype ", dtypeName(grad.scalar_type()), ", ", grad.numel(),
+                " elements): ", cudaGetErrorString(err));
     next += count;
     first = false;
   }

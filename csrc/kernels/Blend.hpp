@@ -1,8 +1,8 @@
 #pragma once
 
-// The fused pack/blend kernel of the staleness engine (docs/staleness.md): one pass over a DDP bucket that, before its one
-// SUM all-reduce, pre-scales this rank's fresh gradient, adds this rank's due stale contributions, and stashes
-// the unscaled fresh gradient when this rank's own contribution is deferred. Elementwise, over `n = grad.numel()`:
+// The fused pack/blend kernel of the staleness engine (docs/staleness.md): one pass over a DDP bucket that, before its
+// one SUM all-reduce, pre-scales this rank's fresh gradient, adds this rank's due stale contributions, and stashes the
+// unscaled fresh gradient when this rank's own contribution is deferred. Elementwise, over `n = grad.numel()`:
 //
 //   stash = grad                                   (only when `stash` is given; a bit-exact copy, before the blend)
 //   grad  = freshScale * grad + sum_i staleScales[i] * stale[i]
@@ -47,8 +47,8 @@ inline constexpr int64_t kCpuParallelGrain = int64_t{1} << 16;
 inline constexpr int kMaxStalePerCudaPass = 8;
 
 // Computes the blend above in place on `grad`, after checking every argument. Dispatches on grad's device.
-void fusedBlend(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tensor> stale,
-                c10::ArrayRef<double> staleScales, const std::optional<at::Tensor>& stash);
+void fusedBlend(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tensor> stale, c10::ArrayRef<double> staleScales,
+                const std::optional<at::Tensor>& stash);
 
 namespace detail {
 

@@ -122,10 +122,18 @@ C10_ALWAYS_INLINE void fromFloat(const float* __restrict src, T* __restrict dst,
 
 // ---- tile loops (A: float or double; S: the element type read, converted inline) ----------------------------------
 
-C10_ALWAYS_INLINE float toAcc(float x) { return x; }
-C10_ALWAYS_INLINE double toAcc(double x) { return x; }
-C10_ALWAYS_INLINE float toAcc(c10::BFloat16 x) { return bf16BitsToFloat(x.x); }
-C10_ALWAYS_INLINE float toAcc(c10::Half x) { return static_cast<float>(x); }
+C10_ALWAYS_INLINE float toAcc(float x) {
+  return x;
+}
+C10_ALWAYS_INLINE double toAcc(double x) {
+  return x;
+}
+C10_ALWAYS_INLINE float toAcc(c10::BFloat16 x) {
+  return bf16BitsToFloat(x.x);
+}
+C10_ALWAYS_INLINE float toAcc(c10::Half x) {
+  return static_cast<float>(x);
+}
 
 // acc = a * fresh (+ b0 * s0), where fresh == nullptr means acc already holds the fresh values (in place).
 // a == 0 leaves the fresh values out of the sum (Blend.hpp).
@@ -229,8 +237,7 @@ C10_ALWAYS_INLINE void blendRange(const RangeArgs<T>& r, int64_t begin, int64_t 
       acc = accBuf;
       fresh = g;
     }
-    tileFirst<A, S>(acc, fresh, r.freshScale, ns > 0 ? staleTile(0, s0Buf) : nullptr, ns > 0 ? scales[0] : A(0),
-                    n);
+    tileFirst<A, S>(acc, fresh, r.freshScale, ns > 0 ? staleTile(0, s0Buf) : nullptr, ns > 0 ? scales[0] : A(0), n);
     size_t i = ns > 0 ? 1 : 0;
     for (; i + 1 < ns; i += 2) {
       const S* s0 = staleTile(i, s0Buf);
@@ -286,12 +293,12 @@ void setBlendCpuIsa(const std::string& isa) {
   } else if (isa == "baseline") {
     isaChoice().store(0);
   } else if (isa == "avx2") {
-    TORCH_CHECK_VALUE(cpuHasAvx2(), "delaycomm: setBlendCpuIsa: isa 'avx2' needs a CPU with AVX2, FMA and F16C, "
-                                    "got a CPU without them");
+    TORCH_CHECK_VALUE(cpuHasAvx2(),
+                      "delaycomm: setBlendCpuIsa: isa 'avx2' needs a CPU with AVX2, FMA and F16C, "
+                      "got a CPU without them");
     isaChoice().store(1);
   } else {
-    TORCH_CHECK_VALUE(false, "delaycomm: setBlendCpuIsa: isa must be 'auto', 'baseline' or 'avx2', got '", isa,
-                      "'");
+    TORCH_CHECK_VALUE(false, "delaycomm: setBlendCpuIsa: isa must be 'auto', 'baseline' or 'avx2', got '", isa, "'");
   }
 }
 
@@ -310,8 +317,8 @@ void fusedBlendCpu(at::Tensor& grad, double freshScale, c10::ArrayRef<at::Tensor
       scales.push_back(static_cast<A>(staleScales[i]));
     }
     const RangeArgs<scalar_t> r{grad.mutable_data_ptr<scalar_t>(),
-                                stash != nullptr ? stash->mutable_data_ptr<scalar_t>() : nullptr, &stalePtrs,
-                                &scales, static_cast<A>(freshScale)};
+                                stash != nullptr ? stash->mutable_data_ptr<scalar_t>() : nullptr, &stalePtrs, &scales,
+                                static_cast<A>(freshScale)};
     at::parallel_for(0, n, kCpuParallelGrain, [&](int64_t begin, int64_t end) {
 #ifdef DELAYCOMM_BLEND_X86
       if (avx2) {

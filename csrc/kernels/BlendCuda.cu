@@ -36,21 +36,37 @@ struct Acc<double> {
   using type = double;
 };
 
-__device__ __forceinline__ float toAcc(float x) { return x; }
-__device__ __forceinline__ double toAcc(double x) { return x; }
-__device__ __forceinline__ float toAcc(__nv_bfloat16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ float toAcc(__half x) { return __half2float(x); }
+__device__ __forceinline__ float toAcc(float x) {
+  return x;
+}
+__device__ __forceinline__ double toAcc(double x) {
+  return x;
+}
+__device__ __forceinline__ float toAcc(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ float toAcc(__half x) {
+  return __half2float(x);
+}
 
 template <typename T>
 __device__ __forceinline__ T fromAcc(typename Acc<T>::type x);
 template <>
-__device__ __forceinline__ float fromAcc<float>(float x) { return x; }
+__device__ __forceinline__ float fromAcc<float>(float x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ double fromAcc<double>(double x) { return x; }
+__device__ __forceinline__ double fromAcc<double>(double x) {
+  return x;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 fromAcc<__nv_bfloat16>(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ __nv_bfloat16 fromAcc<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
 template <>
-__device__ __forceinline__ __half fromAcc<__half>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ __half fromAcc<__half>(float x) {
+  return __float2half_rn(x);
+}
 
 template <typename T>
 struct Params {
@@ -190,8 +206,8 @@ cudaError_t launchVector(const Params<T>& p, int sms, cudaStream_t stream) {
   static std::atomic<int> cache{0};
   constexpr int kElems = kVecBytes / sizeof(T);
   const int64_t numVec = p.numel / kElems;
-  const int64_t grid =
-      gridFor(std::max<int64_t>(numVec, 1), int64_t{kThreads} * kUnroll, blocksPerSm(blendVectorKernel<T, NS>, cache) * sms);
+  const int64_t grid = gridFor(std::max<int64_t>(numVec, 1), int64_t{kThreads} * kUnroll,
+                               blocksPerSm(blendVectorKernel<T, NS>, cache) * sms);
   blendVectorKernel<T, NS><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
   return cudaGetLastError();
 }
@@ -218,22 +234,33 @@ cudaError_t launchTyped(const BlendLaunchArgs& args, cudaStream_t stream) {
   }
   if (!vectorizable) {
     static std::atomic<int> cache{0};
-    const int64_t grid = gridFor(p.numel, kThreads, blocksPerSm(blendScalarKernel<T>, cache) * args.multiProcessorCount);
+    const int64_t grid =
+        gridFor(p.numel, kThreads, blocksPerSm(blendScalarKernel<T>, cache) * args.multiProcessorCount);
     blendScalarKernel<T><<<static_cast<unsigned>(grid), kThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
   const int sms = args.multiProcessorCount;
   switch (p.numStale) {
-    case 0: return launchVector<T, 0>(p, sms, stream);
-    case 1: return launchVector<T, 1>(p, sms, stream);
-    case 2: return launchVector<T, 2>(p, sms, stream);
-    case 3: return launchVector<T, 3>(p, sms, stream);
-    case 4: return launchVector<T, 4>(p, sms, stream);
-    case 5: return launchVector<T, 5>(p, sms, stream);
-    case 6: return launchVector<T, 6>(p, sms, stream);
-    case 7: return launchVector<T, 7>(p, sms, stream);
-    case 8: return launchVector<T, 8>(p, sms, stream);
-    default: return cudaErrorInvalidValue;
+    case 0:
+      return launchVector<T, 0>(p, sms, stream);
+    case 1:
+      return launchVector<T, 1>(p, sms, stream);
+    case 2:
+      return launchVector<T, 2>(p, sms, stream);
+    case 3:
+      return launchVector<T, 3>(p, sms, stream);
+    case 4:
+      return launchVector<T, 4>(p, sms, stream);
+    case 5:
+      return launchVector<T, 5>(p, sms, stream);
+    case 6:
+      return launchVector<T, 6>(p, sms, stream);
+    case 7:
+      return launchVector<T, 7>(p, sms, stream);
+    case 8:
+      return launchVector<T, 8>(p, sms, stream);
+    default:
+      return cudaErrorInvalidValue;
   }
   static_assert(kMaxStalePerLaunch == 8, "launchTyped's switch covers 0..kMaxStalePerLaunch");
 }
@@ -248,10 +275,14 @@ cudaError_t launchBlend(const BlendLaunchArgs& args, cudaStream_t stream) {
     return cudaSuccess;
   }
   switch (args.dtype) {
-    case BlendDType::kFloat32: return launchTyped<float>(args, stream);
-    case BlendDType::kFloat64: return launchTyped<double>(args, stream);
-    case BlendDType::kBFloat16: return launchTyped<__nv_bfloat16>(args, stream);
-    case BlendDType::kFloat16: return launchTyped<__half>(args, stream);
+    case BlendDType::kFloat32:
+      return launchTyped<float>(args, stream);
+    case BlendDType::kFloat64:
+      return launchTyped<double>(args, stream);
+    case BlendDType::kBFloat16:
+      return launchTyped<__nv_bfloat16>(args, stream);
+    case BlendDType::kFloat16:
+      return launchTyped<__half>(args, stream);
   }
   return cudaErrorInvalidValue;
 }

@@ -16,15 +16,15 @@ enum class BlendDType : int { kFloat32 = 0, kFloat64 = 1, kBFloat16 = 2, kFloat1
 inline constexpr int kMaxStalePerLaunch = 8;
 
 struct BlendLaunchArgs {
-  void* grad = nullptr;                              // read and written in place
-  void* stash = nullptr;                             // nullptr: no stash
-  const void* stale[kMaxStalePerLaunch] = {};        // the first numStale are used
+  void* grad = nullptr;                        // read and written in place
+  void* stash = nullptr;                       // nullptr: no stash
+  const void* stale[kMaxStalePerLaunch] = {};  // the first numStale are used
   double staleScales[kMaxStalePerLaunch] = {};
-  int numStale = 0;                                  // 0..kMaxStalePerLaunch
-  double freshScale = 1.0;                           // 0: grad's old values are left out of the sum
+  int numStale = 0;         // 0..kMaxStalePerLaunch
+  double freshScale = 1.0;  // 0: grad's old values are left out of the sum
   int64_t numel = 0;
   BlendDType dtype = BlendDType::kFloat32;
-  int multiProcessorCount = 1;                       // sizes the grid-stride grid
+  int multiProcessorCount = 1;  // sizes the grid-stride grid
 };
 
 // Enqueues one blend pass on `stream` and returns the launch status (cudaGetLastError right after the launch;

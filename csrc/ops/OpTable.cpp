@@ -1,7 +1,7 @@
 #include "ops/OpTable.hpp"
 
-#include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/version.h>
+#include <torch/csrc/distributed/c10d/Work.hpp>
 
 namespace delaycomm {
 

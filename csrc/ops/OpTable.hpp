@@ -55,7 +55,9 @@ struct OpInfo {
 };
 
 const std::array<OpInfo, kNumOpKinds>& opTable();
-inline const OpInfo& opInfo(OpKind op) { return opTable()[static_cast<int>(op)]; }
+inline const OpInfo& opInfo(OpKind op) {
+  return opTable()[static_cast<int>(op)];
+}
 const char* opName(OpKind op);  // "unknown" outside the table
 // Inverse of opName (names only, not aliases); returns false when the name is unknown.
 bool opFromName(const std::string& name, OpKind* out);

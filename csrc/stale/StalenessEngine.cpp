@@ -48,13 +48,13 @@ StalenessEngine::StalenessEngine(int rank, int size, Options options, const Dela
                     options_.maxPending);
   TORCH_CHECK_VALUE(options_.calibrationSteps >= 1, "delaycomm: StalenessEngine: calibrationSteps must be >= 1, got ",
                     options_.calibrationSteps);
-  TORCH_CHECK_VALUE(options_.maxKeys >= 1, "delaycomm: StalenessEngine: maxKeys must be >= 1, got ",
-                    options_.maxKeys);
+  TORCH_CHECK_VALUE(options_.maxKeys >= 1, "delaycomm: StalenessEngine: maxKeys must be >= 1, got ", options_.maxKeys);
   TORCH_CHECK_VALUE(options_.timeout.count() > 0, "delaycomm: StalenessEngine: timeout must be > 0 ms, got ",
                     options_.timeout.count());
   TORCH_CHECK_VALUE(std::isfinite(options_.stepMs) && options_.stepMs < 9.2e12,
                     "delaycomm: StalenessEngine: step_ms must be a finite number of milliseconds below 9.2e12 "
-                    "(it is held in int64 nanoseconds), got ", options_.stepMs);
+                    "(it is held in int64 nanoseconds), got ",
+                    options_.stepMs);
   if (options_.stepMs > 0.0) {
     stepNs_ = std::max<int64_t>(1, static_cast<int64_t>(std::llround(options_.stepMs * 1e6)));
     source_.kind = StepSource::Kind::kConfigured;
@@ -114,9 +114,9 @@ void StalenessEngine::checkPendingLocked(const KeyState& ks, uint64_t key, uint6
   for (int r = 0; r < size_; ++r) {
     const auto i = static_cast<size_t>(r);
     if (plan.k[i] > 0 && ks.pendingOf[i] - dueNow[i] >= options_.maxPending) {
-      TORCH_CHECK(false, "delaycomm: stale ", opTextLocked(key), " on group '", options_.groupName, "': at step ",
-                  step, " of ", describeKeyLocked(key), ", rank ", r,
-                  "'s contribution is late again while it already has ", ks.pendingOf[i] - dueNow[i],
+      TORCH_CHECK(false, "delaycomm: stale ", opTextLocked(key), " on group '", options_.groupName, "': at step ", step,
+                  " of ", describeKeyLocked(key), ", rank ", r, "'s contribution is late again while it already has ",
+                  ks.pendingOf[i] - dueNow[i],
                   " in flight: staleness=asp holds at most max_pending=", options_.maxPending,
                   " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the delay or delay_fraction, "
                   "or bound staleness with staleness=ssp:S. Every rank raises this error at this step; nothing of "
@@ -125,8 +125,7 @@ void StalenessEngine::checkPendingLocked(const KeyState& ks, uint64_t key, uint6
   }
 }
 
-void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const Plan& plan,
-                                       int64_t stepNs) const {
+void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const Plan& plan, int64_t stepNs) const {
   const auto i = static_cast<size_t>(late);
   // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
   C10_THROW_ERROR(
@@ -145,8 +144,10 @@ StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, 
 
 StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t key, double resultScale,
                                                          bool scatter) {
-  TORCH_CHECK_VALUE(std::isfinite(resultScale), "delaycomm: stale reduction: the result scale (PREMUL_SUM factor) "
-                    "must be finite, got ", resultScale);
+  TORCH_CHECK_VALUE(std::isfinite(resultScale),
+                    "delaycomm: stale reduction: the result scale (PREMUL_SUM factor) "
+                    "must be finite, got ",
+                    resultScale);
   std::vector<std::string> warnings;
   auto emitWarnings = [&] {
     if (onWarn) {
@@ -182,8 +183,8 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
       lock.lock();
       stepNs_ = agreed;
       calibrating_ = false;
-      source_ = StepSource{StepSource::Kind::kCalibrated, agreed, proposal->keyText, proposal->intervals,
-                           proposal->call};
+      source_ =
+          StepSource{StepSource::Kind::kCalibrated, agreed, proposal->keyText, proposal->intervals, proposal->call};
       stepNs = agreed;
     }
   }
@@ -196,9 +197,9 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
 
   // Checks first: each raises on every rank alike, before this step changes anything.
   if (options_.policy != Policy::kDrop && !ks.arrivals.empty()) {
-    TORCH_CHECK_VALUE(t.numel() == ks.numel && t.scalar_type() == ks.prototype.scalar_type(),
-                      "delaycomm: stale ", opTextLocked(key), ": ", describeKeyLocked(key), " changed from ",
-                      ks.numel, " x ", ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
+    TORCH_CHECK_VALUE(t.numel() == ks.numel && t.scalar_type() == ks.prototype.scalar_type(), "delaycomm: stale ",
+                      opTextLocked(key), ": ", describeKeyLocked(key), " changed from ", ks.numel, " x ",
+                      ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
                       " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
                       "delaycomm.stale_allreduce(key=...))");
   }

@@ -81,10 +81,10 @@ class StalenessEngine {
     double alpha = 0.1;
     double stepMs = 0.0;  // <= 0: calibrate
     int64_t maxPending = 64;
-    int64_t calibrationSteps = 5;        // intervals of one key that calibrate step_ms=auto
+    int64_t calibrationSteps = 5;         // intervals of one key that calibrate step_ms=auto
     int64_t calibrationWarnCalls = 4096;  // warn once when no key has calibrated after this many calls
-    int64_t maxKeys = 1024;              // bound of the key table
-    int64_t window = 100;                // steps of the windowed stale:fresh ratio
+    int64_t maxKeys = 1024;               // bound of the key table
+    int64_t window = 100;                 // steps of the windowed stale:fresh ratio
     double warnRatio = 0.4;
     // The group's timeout: bounds the SSP gate wait and the step-time agreement.
     std::chrono::milliseconds timeout{std::chrono::minutes(30)};
@@ -107,10 +107,10 @@ class StalenessEngine {
   struct StepSource {
     enum class Kind { kConfigured, kCalibrated, kCalibrating };
     Kind kind = Kind::kCalibrating;
-    int64_t stepNs = 0;         // 0 while calibrating
-    std::string key;            // the calibrating key, described (kCalibrated)
-    int64_t intervals = 0;      // how many intervals the median was taken over (kCalibrated)
-    uint64_t atCall = 0;        // the engine call (1-based) at which the ranks agreed (kCalibrated)
+    int64_t stepNs = 0;     // 0 while calibrating
+    std::string key;        // the calibrating key, described (kCalibrated)
+    int64_t intervals = 0;  // how many intervals the median was taken over (kCalibrated)
+    uint64_t atCall = 0;    // the engine call (1-based) at which the ranks agreed (kCalibrated)
   };
 
   StalenessEngine(int rank, int size, Options options, const DelaySchedule* schedule,
@@ -167,8 +167,7 @@ class StalenessEngine {
     c10::ScalarType dtype;
     c10::Device device;
     bool operator==(const Identity& o) const {
-      return storage == o.storage && offset == o.offset && numel == o.numel && dtype == o.dtype &&
-             device == o.device;
+      return storage == o.storage && offset == o.offset && numel == o.numel && dtype == o.dtype && device == o.device;
     }
   };
   struct IdentityHash {
@@ -187,17 +186,17 @@ class StalenessEngine {
     uint64_t seen = 0;
     uint64_t step = 0;
     std::map<uint64_t, std::vector<Arrival>> arrivals;  // global: step -> contributions arriving then
-    std::vector<int64_t> pendingOf;        // global: contributions of each rank in flight (not under drop)
-    std::deque<Pending> mine;              // this rank's deferred contributions, ordered by due step
-    at::Tensor prototype;                  // dtype/device of the stream (no storage)
-    int64_t numel = 0;                     // its size at the last step
-    double resultScale = 1.0;              // the stream's result scale (last step): 1, 1 / N (AVG), f (PREMUL_SUM)
-    bool scatter = false;                  // a reduce-scatter stream (last step)
-    std::string scope;                     // set for scope keys: the FSDP2 scope's name
-    std::optional<Identity> identity;      // set for storage-identity keys
+    std::vector<int64_t> pendingOf;                     // global: contributions of each rank in flight (not under drop)
+    std::deque<Pending> mine;                           // this rank's deferred contributions, ordered by due step
+    at::Tensor prototype;                               // dtype/device of the stream (no storage)
+    int64_t numel = 0;                                  // its size at the last step
+    double resultScale = 1.0;          // the stream's result scale (last step): 1, 1 / N (AVG), f (PREMUL_SUM)
+    bool scatter = false;              // a reduce-scatter stream (last step)
+    std::string scope;                 // set for scope keys: the FSDP2 scope's name
+    std::optional<Identity> identity;  // set for storage-identity keys
     // Holds the StorageImpl's memory (not its data) so that no other storage gets its address while the key lives.
     std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storageRef;
-    std::list<uint64_t>::iterator lru;     // position in lru_
+    std::list<uint64_t>::iterator lru;  // position in lru_
     // step_ms=auto: this key's intervals between consecutive calls (until one key has calibrationSteps).
     std::chrono::steady_clock::time_point lastCall;
     std::vector<int64_t> intervals;
@@ -243,7 +242,7 @@ class StalenessEngine {
   std::unordered_map<Identity, uint64_t, IdentityHash> identityKeys_;
   uint64_t nextIdentityKey_ = kIdentityKeyBase;  // identity keys live above explicit ones
   uint64_t calls_ = 0;
-  int64_t stepNs_ = 0;  // 0 = not calibrated yet
+  int64_t stepNs_ = 0;        // 0 = not calibrated yet
   bool calibrating_ = false;  // a proposal is being agreed on (prepare of the calibrating call is in progress)
   int64_t calibrationAttempts_ = 0;
   StepSource source_;

@@ -116,7 +116,9 @@ uint64_t StalenessEngine::streamKey(const at::Tensor& t, bool scatter) {
     TORCH_CHECK_NOT_IMPLEMENTED(
         !fsdp_scope::reduceScattered(),
         "delaycomm: staleness does not support HSDP (fully_shard on a 2-D mesh) with both stages stale: the "
-        "all-reduce across replicas in '", *scope, "' would go stale on its own schedule after its shard group's "
+        "all-reduce across replicas in '",
+        *scope,
+        "' would go stale on its own schedule after its shard group's "
         "reduce-scatter did. Use fully_shard on a 1-D mesh (every rank one shard group); or make one stage stale "
         "with delay_ops (DELAYCOMM_DELAY_OPS): delay_ops=_reduce_scatter_base for staleness within each shard "
         "group (the all-reduce across replicas synchronous), delay_ops=allreduce for staleness across replicas "
@@ -200,7 +202,7 @@ int64_t StalenessEngine::keyCount() const {
 // step_ms=auto (docs/staleness.md, "Calibration")
 
 std::optional<StalenessEngine::Proposal> StalenessEngine::calibrationLocked(KeyState& ks, uint64_t key,
-                                                                           std::string* warning) {
+                                                                            std::string* warning) {
   if (stepNs_ > 0 || calibrating_) {
     return std::nullopt;
   }
@@ -214,8 +216,12 @@ std::optional<StalenessEngine::Proposal> StalenessEngine::calibrationLocked(KeyS
     calibrating_ = true;
     auto v = ks.intervals;
     std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    return Proposal{key, describeKeyLocked(key), calls_, std::max<int64_t>(1, v[v.size() / 2]),
-                    static_cast<int64_t>(v.size()), calibrationAttempts_++};
+    return Proposal{key,
+                    describeKeyLocked(key),
+                    calls_,
+                    std::max<int64_t>(1, v[v.size() / 2]),
+                    static_cast<int64_t>(v.size()),
+                    calibrationAttempts_++};
   }
   if (!warnedUnengaged_ && static_cast<int64_t>(calls_) >= options_.calibrationWarnCalls) {
     warnedUnengaged_ = true;
@@ -225,9 +231,8 @@ std::optional<StalenessEngine::Proposal> StalenessEngine::calibrationLocked(KeyS
     }
     std::ostringstream msg;
     msg << "delaycomm: staleness on group '" << options_.groupName << "' has not engaged after " << calls_
-        << " all-reduces: step_ms=auto is measured on the first stream (key) called "
-        << options_.calibrationSteps + 1 << " times, and no stream was (of the " << keys_.size()
-        << " keys tracked, the most called was called " << most
+        << " all-reduces: step_ms=auto is measured on the first stream (key) called " << options_.calibrationSteps + 1
+        << " times, and no stream was (of the " << keys_.size() << " keys tracked, the most called was called " << most
         << " times), so every all-reduce ran fresh. Plain all_reduce calls are keyed by their tensor's storage, "
            "which changes when the tensor is new on every call: key the stream explicitly (for DDP, "
            "ddp.register_comm_hook(None, delaycomm.ddp_hook); otherwise delaycomm.stale_allreduce(tensor, "
@@ -306,9 +311,12 @@ int64_t StalenessEngine::agreeOnStep(const Proposal& p) {
     decision = textOf(store_->get(decisionKey));
   } catch (const c10::Error&) {
     C10_THROW_ERROR(DistBackendError,
-                    c10::str("delaycomm: staleness on group '", options_.groupName, "': agreeing on step_ms=auto "
-                             "timed out after ", timeoutMs, " ms (the group's timeout): this rank (", rank_,
-                             ") calibrated on ", p.keyText, " at all-reduce #", p.call, " and rank 0 did not "
+                    c10::str("delaycomm: staleness on group '", options_.groupName,
+                             "': agreeing on step_ms=auto "
+                             "timed out after ",
+                             timeoutMs, " ms (the group's timeout): this rank (", rank_, ") calibrated on ", p.keyText,
+                             " at all-reduce #", p.call,
+                             " and rank 0 did not "
                              "publish the step: the ranks' all-reduce sequences differ (or rank 0 is stuck). Key "
                              "the streams explicitly (ddp_hook, stale_allreduce(key=...)) or set step_ms "
                              "(DELAYCOMM_STEP_MS)"));

@@ -13,8 +13,8 @@ namespace delaycomm {
 // issuer thread); snapshot() may run concurrently and sees a consistent-enough view for reporting.
 //
 // Accuracy: bucket i holds [kBase^i, kBase^(i+1)) and reports its geometric midpoint, so any quantile is within
-// sqrt(kBase) - 1 < 1% relative error of a value in the same bucket (<= 2% is required: docs/delay.md, "Telemetry"). Values below 1
-// fall into bucket 0, which reports 0 for exact zeros (counted separately) and 1 otherwise.
+// sqrt(kBase) - 1 < 1% relative error of a value in the same bucket (<= 2% is required: docs/delay.md, "Telemetry").
+// Values below 1 fall into bucket 0, which reports 0 for exact zeros (counted separately) and 1 otherwise.
 class LogHistogram {
  public:
   static constexpr double kBase = 1.02;

@@ -10,18 +10,30 @@ import sys
 def main(argv: list[str] | None = None) -> int:
     from delaycomm._config import OPTIONS, format_value
 
-    epilog = "options (keyword / environment variable / default / same on every rank):\n" + "\n".join(
-        f"  {o.name:<15} {o.env:<26} {o.default!s:<16} {'yes' if o.must_match else 'no':<4} {o.help}"
-        for o in OPTIONS
-    ) + ("\n\nOptions marked 'yes' must have one value on every rank of a group: a difference is an error on every "
-         "rank when the group is created.")
+    epilog = (
+        "options (keyword / environment variable / default / same on every rank):\n"
+        + "\n".join(
+            f"  {o.name:<15} {o.env:<26} {o.default!s:<16} {'yes' if o.must_match else 'no':<4} {o.help}"
+            for o in OPTIONS
+        )
+        + (
+            "\n\nOptions marked 'yes' must have one value on every rank of a group: a difference is an error on every "
+            "rank when the group is created."
+        )
+    )
     parser = argparse.ArgumentParser(
-        prog="python -m delaycomm", description="delaycomm command line",
-        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m delaycomm",
+        description="delaycomm command line",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("config", help="show the effective configuration", epilog=epilog,
-                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = sub.add_parser(
+        "config",
+        help="show the effective configuration",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     args = parser.parse_args(argv)
 
@@ -34,8 +46,17 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     nccl = delaycomm.nccl_settings()
     if args.json:
-        print(json.dumps({"config": cfg.as_dict(), "sources": cfg.sources,
-                          "must_match": {o.name: o.must_match for o in OPTIONS}, "nccl": nccl}, indent=2))
+        print(
+            json.dumps(
+                {
+                    "config": cfg.as_dict(),
+                    "sources": cfg.sources,
+                    "must_match": {o.name: o.must_match for o in OPTIONS},
+                    "nccl": nccl,
+                },
+                indent=2,
+            )
+        )
         return 0
     print(f"# delaycomm {delaycomm.__version__} (CUDA sources compiled: {delaycomm._C.cuda_compiled})")
     print(f"# {'option':<15} {'value':<28} {'source':<36} same on every rank")

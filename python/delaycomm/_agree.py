@@ -86,22 +86,36 @@ def _mismatch_message(group: str, global_ranks: list[int], payloads: list[dict[s
         by_value: dict[tuple[str, str, str], list[int]] = {}
         for r, e in zip(global_ranks, entries):
             by_value.setdefault((e["key"], e["shown"], e["origin"]), []).append(r)
-        shown = "; ".join(f"{k[1]!r} on {_ranges(rs)} (from {k[2]})" for k, rs in
-                          sorted(by_value.items(), key=lambda kv: kv[1][0]))
+        shown = "; ".join(
+            f"{k[1]!r} on {_ranges(rs)} (from {k[2]})" for k, rs in sorted(by_value.items(), key=lambda kv: kv[1][0])
+        )
         lines.append(f"  {opt.name}: {shown}")
-    return (f"delaycomm: group {group!r}: the ranks give different values to options that must be the same on "
-            f"every rank (every rank of the group raises this error):\n" + "\n".join(lines) +
-            f"\ngive each of them one value on every rank (options that may differ per rank: {', '.join(EXEMPT)})")
+    return (
+        f"delaycomm: group {group!r}: the ranks give different values to options that must be the same on "
+        f"every rank (every rank of the group raises this error):\n"
+        + "\n".join(lines)
+        + f"\ngive each of them one value on every rank (options that may differ per rank: {', '.join(EXEMPT)})"
+    )
 
 
 def _errors_message(group: str, errors: list[tuple[int, str]]) -> str:
     detail = "\n".join(f"  {_ranges([r])}: {e}" for r, e in errors)
-    return (f"delaycomm: group {group!r} cannot be created: the options of {_ranges([r for r, _ in errors])} were "
-            f"rejected (every rank of the group raises this error):\n{detail}")
+    return (
+        f"delaycomm: group {group!r} cannot be created: the options of {_ranges([r for r, _ in errors])} were "
+        f"rejected (every rank of the group raises this error):\n{detail}"
+    )
 
 
-def agree(store: dist.Store, rank: int, size: int, timeout: timedelta, group: str, global_ranks: list[int],
-          cfg: EffectiveConfig | None, error: ValueError | None) -> None:
+def agree(
+    store: dist.Store,
+    rank: int,
+    size: int,
+    timeout: timedelta,
+    group: str,
+    global_ranks: list[int],
+    cfg: EffectiveConfig | None,
+    error: ValueError | None,
+) -> None:
     """Check with the other ranks of the group that the options which must match do; raise on every rank if not.
 
     Args:
@@ -145,12 +159,16 @@ def agree(store: dist.Store, rank: int, size: int, timeout: timedelta, group: st
             if "timeout" not in str(e).lower():
                 raise
             missing = [global_ranks[r] for r in range(size) if not s.check([keys[r]])]
-            who = (f"{_ranges(missing)} to publish {'its' if len(missing) == 1 else 'their'} options" if missing
-                   else f"the other ranks to {waiting_for}")
+            who = (
+                f"{_ranges(missing)} to publish {'its' if len(missing) == 1 else 'their'} options"
+                if missing
+                else f"the other ranks to {waiting_for}"
+            )
             raise dist.DistStoreError(
                 f"delaycomm: group {group!r} rank {rank}: creating the group timed out after "
                 f"{timeout.total_seconds():g} s (the group's timeout) waiting for {who}; a rank that never creates "
-                "the group, or that failed before delaycomm's checks, leaves the others waiting") from None
+                "the group, or that failed before delaycomm's checks, leaves the others waiting"
+            ) from None
 
     # Compare with rank 0's digest; the last rank to check publishes the verdict.
     wait([keys[0]], "publish their options")

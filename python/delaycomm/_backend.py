@@ -89,7 +89,10 @@ def create_backend(dist_opts, pg_options):
         with _lock:
             _stats_due[group_name] = stats_path
     logger.info(
-        "delaycomm: group %r rank %d/%d: %s", group_name, rank, size,
+        "delaycomm: group %r rank %d/%d: %s",
+        group_name,
+        rank,
+        size,
         ", ".join(f"{k}={v!r} ({cfg.sources[k]})" for k, v in cfg.values.items()),
     )
     return backend
@@ -130,7 +133,9 @@ def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timede
             f"delaycomm: the delay {cfg.delay!r} has a P99.99 of {p9999:.3f} s, longer than the group's timeout of "
             f"{timeout.total_seconds():g} s: delayed collectives in that tail will fail with a timeout error "
             "(raise the timeout of init_process_group/new_group, or choose a lighter tail)",
-            RuntimeWarning, stacklevel=3)
+            RuntimeWarning,
+            stacklevel=3,
+        )
 
 
 def _check_group_config(cfg: EffectiveConfig, rank: int, size: int, has_nccl: bool) -> None:
@@ -138,19 +143,36 @@ def _check_group_config(cfg: EffectiveConfig, rank: int, size: int, has_nccl: bo
     if cfg.delay_ranks is not None:
         bad = [r for r in cfg.delay_ranks if r >= size]
         if bad:
-            raise invalid_value("delay_ranks", list(cfg.delay_ranks), cfg.origins["delay_ranks"],
-                                f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group "
-                                f"of {size}; expected ranks in [0, {size})")
+            raise invalid_value(
+                "delay_ranks",
+                list(cfg.delay_ranks),
+                cfg.origins["delay_ranks"],
+                f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group "
+                f"of {size}; expected ranks in [0, {size})",
+            )
     bad = [r for r, _ in cfg.slowdown if r >= size]
     if bad:
-        raise invalid_value("slowdown", format_value("slowdown", cfg.slowdown), cfg.origins["slowdown"],
-                            f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group of "
-                            f"{size}; expected ranks in [0, {size})")
-    if has_nccl and cfg.delay != "none" and cfg.delay_fraction > 0 and cfg.delay_where == "network" \
-            and not _C.cuda_compiled:
-        raise invalid_value("delay_where", "network", cfg.origins["delay_where"],
-                            "network delay of GPU collectives needs the CUDA sleep kernel and this build of "
-                            "delaycomm has no CUDA sources; expected 'host', or a delaycomm built with nvcc")
+        raise invalid_value(
+            "slowdown",
+            format_value("slowdown", cfg.slowdown),
+            cfg.origins["slowdown"],
+            f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group of "
+            f"{size}; expected ranks in [0, {size})",
+        )
+    if (
+        has_nccl
+        and cfg.delay != "none"
+        and cfg.delay_fraction > 0
+        and cfg.delay_where == "network"
+        and not _C.cuda_compiled
+    ):
+        raise invalid_value(
+            "delay_where",
+            "network",
+            cfg.origins["delay_where"],
+            "network delay of GPU collectives needs the CUDA sleep kernel and this build of "
+            "delaycomm has no CUDA sources; expected 'host', or a delaycomm built with nvcc",
+        )
 
 
 def _global_ranks(dist_opts) -> list[int]:

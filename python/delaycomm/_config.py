@@ -21,8 +21,17 @@ from typing import Any
 from delaycomm import _ops
 from delaycomm._tools import units
 
-__all__ = ["DelayConfig", "EffectiveConfig", "configure", "resolve", "format_value", "stats_file", "parse_delay",
-           "OPTIONS", "DELAYABLE_OPS"]
+__all__ = [
+    "DelayConfig",
+    "EffectiveConfig",
+    "configure",
+    "resolve",
+    "format_value",
+    "stats_file",
+    "parse_delay",
+    "OPTIONS",
+    "DELAYABLE_OPS",
+]
 
 ENV_PREFIX = "DELAYCOMM_"
 
@@ -55,8 +64,9 @@ MAX_NCCL_BUFFSIZE = 1 << 30  # NCCL keeps NCCL_BUFFSIZE in a C int
 # Parsers: value (str from the environment, or the keyword's type) -> canonical value, or _Invalid.
 
 
-def _parse_float(lo: float, hi: float, lo_open: bool, hi_open: bool, accepted: str | None = None
-                 ) -> Callable[[Any], float]:
+def _parse_float(
+    lo: float, hi: float, lo_open: bool, hi_open: bool, accepted: str | None = None
+) -> Callable[[Any], float]:
     lb = "(" if lo_open else "["
     rb = ")" if hi_open else "]"
     accepted = accepted or f"a number in {lb}{lo:g}, {hi:g}{rb}"
@@ -196,8 +206,10 @@ def _parse_choice(*choices: str) -> Callable[[Any], str]:
 
 
 def _parse_slowdown(v: Any) -> tuple[tuple[int, float], ...]:
-    accepted = (f"'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (each rank once, a factor in "
-                f"[1, {MAX_SLOWDOWN:g}])")
+    accepted = (
+        f"'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (each rank once, a factor in "
+        f"[1, {MAX_SLOWDOWN:g}])"
+    )
     factor_of = _parse_float(1.0, MAX_SLOWDOWN, False, False, accepted)
     if isinstance(v, Mapping):
         items = list(v.items())
@@ -237,8 +249,10 @@ def _parse_staleness(v: Any) -> str:
 
 
 def _parse_step_ms(v: Any) -> float | None:
-    accepted = (f"'auto' (calibrated at init) or a number of milliseconds in [{MIN_STEP_MS:g}, {MAX_STEP_MS:.0f}] "
-                "(1 us to 24 h)")
+    accepted = (
+        f"'auto' (calibrated at init) or a number of milliseconds in [{MIN_STEP_MS:g}, {MAX_STEP_MS:.0f}] "
+        "(1 us to 24 h)"
+    )
     if isinstance(v, str) and v.strip().lower() == "auto":
         return None
     return _parse_float(MIN_STEP_MS, MAX_STEP_MS, False, False, accepted)(v)
@@ -271,8 +285,10 @@ def _parse_nccl_algo(v: Any) -> str:
 
 
 def _parse_bytes(v: Any) -> int:
-    accepted = ("a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
-                "(NCCL keeps it in a C int)")
+    accepted = (
+        "a number of bytes in [1, 1GiB], optionally with K/M/G (KiB/MiB/GiB) such as 2097152 or '2MiB' "
+        "(NCCL keeps it in a C int)"
+    )
     if isinstance(v, bool) or not isinstance(v, (int, str)):
         raise _Invalid(accepted)
     try:
@@ -282,8 +298,10 @@ def _parse_bytes(v: Any) -> int:
 
 
 STATS_FIELDS = ("rank", "group")
-_STATS_ACCEPTED = ("'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
-                   "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')")
+_STATS_ACCEPTED = (
+    "'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
+    "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')"
+)
 
 
 def _parse_stats(v: Any) -> str | None:
@@ -301,8 +319,10 @@ def _parse_stats(v: Any) -> str | None:
         raise _Invalid(_STATS_ACCEPTED, "unbalanced braces (write {{ and }} for literal ones)") from None
     for _, field, spec, conv in parts:
         if field is not None and (field not in STATS_FIELDS or spec or conv):
-            raise _Invalid(_STATS_ACCEPTED, f"unknown placeholder {{{field}{'!' + conv if conv else ''}"
-                                            f"{':' + spec if spec else ''}}}")
+            raise _Invalid(
+                _STATS_ACCEPTED,
+                f"unknown placeholder {{{field}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}",
+            )
     # A directory, or the directory of a file, that has no placeholder must exist now; the rest (placeholders
     # filled, writable) is checked when a group is created (_backend.stats_target).
     if os.path.isdir(s) or s.endswith(os.sep):
@@ -350,32 +370,63 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("delay", _parse_delay, "none",
-           "delay distribution: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, "
-           "pareto:p50=..,p99=.., const:50ms, trace:FILE, none"),
-    Option("delay_fraction", _parse_float(0.0, 1.0, False, False), None,
-           "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set)"),
+    Option(
+        "delay",
+        _parse_delay,
+        "none",
+        "delay distribution: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, "
+        "pareto:p50=..,p99=.., const:50ms, trace:FILE, none",
+    ),
+    Option(
+        "delay_fraction",
+        _parse_float(0.0, 1.0, False, False),
+        None,
+        "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set)",
+    ),
     Option("delay_ranks", _parse_ranks, "all", "ranks that are delayed: all, or a list such as 0 or 0,3"),
     Option("delay_ops", _parse_ops, "all", "collectives that are delayed: all, or a list such as allreduce,broadcast"),
-    Option("delay_where", _parse_choice("network", "host"), "network",
-           "network: the op's completion is delayed (the caller goes on); host: the calling thread blocks"),
-    Option("slowdown", _parse_slowdown, "none",
-           f"per-rank compute slowdown such as 0:4x (rank 0 runs 4x slower), factor in [1, {MAX_SLOWDOWN:g}]"),
-    Option("seed", _parse_int(0, 2**63 - 1, "an integer in [0, 2^63)"), 0,
-           "seed of the delay schedule (a pure function of seed, rank and op sequence)"),
+    Option(
+        "delay_where",
+        _parse_choice("network", "host"),
+        "network",
+        "network: the op's completion is delayed (the caller goes on); host: the calling thread blocks",
+    ),
+    Option(
+        "slowdown",
+        _parse_slowdown,
+        "none",
+        f"per-rank compute slowdown such as 0:4x (rank 0 runs 4x slower), factor in [1, {MAX_SLOWDOWN:g}]",
+    ),
+    Option(
+        "seed",
+        _parse_int(0, 2**63 - 1, "an integer in [0, 2^63)"),
+        0,
+        "seed of the delay schedule (a pure function of seed, rank and op sequence)",
+    ),
     Option("staleness", _parse_staleness, "bsp", f"consistency: bsp, ssp:S (S <= {MAX_SSP_BOUND}), asp"),
-    Option("stale_policy", _parse_choice("ema", "apply", "drop"), "ema",
-           "what a late contribution does: ema, apply, drop"),
+    Option(
+        "stale_policy", _parse_choice("ema", "apply", "drop"), "ema", "what a late contribution does: ema, apply, drop"
+    ),
     Option("ema_alpha", _parse_float(0.0, 1.0, True, False), 0.1, "blend weight of stale contributions, in (0, 1]"),
     Option("step_ms", _parse_step_ms, "auto", "nominal step time that turns a delay into steps of staleness"),
-    Option("max_pending", _parse_int(1, 1 << 20, "an integer in [1, 1048576]"), 64,
-           "under asp: most deferred contributions per key before an error"),
-    Option("nccl_algo", _parse_nccl_algo, "allreduce:tree",
-           "NCCL_ALGO to set before NCCL starts; auto leaves it alone"),
+    Option(
+        "max_pending",
+        _parse_int(1, 1 << 20, "an integer in [1, 1048576]"),
+        64,
+        "under asp: most deferred contributions per key before an error",
+    ),
+    Option(
+        "nccl_algo", _parse_nccl_algo, "allreduce:tree", "NCCL_ALGO to set before NCCL starts; auto leaves it alone"
+    ),
     Option("nccl_buffsize", _parse_bytes, 2097152, "NCCL_BUFFSIZE in bytes to set before NCCL starts"),
-    Option("stats", _parse_stats, "none",
-           "where each rank writes its groups' stats as JSON when they are destroyed: a file ({rank}, {group}) or "
-           "a directory", must_match=False),
+    Option(
+        "stats",
+        _parse_stats,
+        "none",
+        "where each rank writes its groups' stats as JSON when they are destroyed: a file ({rank}, {group}) or "
+        "a directory",
+        must_match=False,
+    ),
 )
 _BY_NAME = {o.name: o for o in OPTIONS}
 
@@ -523,17 +574,14 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
     """
     env = os.environ if env is None else env
     if config is not None and not isinstance(config, DelayConfig):
-        raise ValueError(
-            f"delaycomm: pg_options must be a delaycomm.DelayConfig, got {type(config).__name__}"
-        )
+        raise ValueError(f"delaycomm: pg_options must be a delaycomm.DelayConfig, got {type(config).__name__}")
     with _process_lock:
         merged = _process_config.merged(config)
     known_env = {o.env for o in OPTIONS} | {ENV_PREFIX + "LOG_LEVEL"}
     typos = sorted(k for k in env if k.startswith(ENV_PREFIX) and k not in known_env)
     if typos:
         raise ValueError(
-            f"delaycomm: unknown environment variable(s) {', '.join(typos)}; accepted: "
-            + ", ".join(sorted(known_env))
+            f"delaycomm: unknown environment variable(s) {', '.join(typos)}; accepted: " + ", ".join(sorted(known_env))
         )
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}

@@ -97,8 +97,13 @@ class DelayFit:
 _KEYS = (("p50", 0.5), ("p99", 0.99), ("p999", 0.999))
 
 
-def fit(p50: float | str | None = None, p99: float | str | None = None, p999: float | str | None = None,
-        fraction: float = 0.3, family: str = "auto") -> DelayFit:
+def fit(
+    p50: float | str | None = None,
+    p99: float | str | None = None,
+    p999: float | str | None = None,
+    fraction: float = 0.3,
+    family: str = "auto",
+) -> DelayFit:
     """A delay spec whose *overall* added-latency percentiles hit the targets when ``fraction`` of calls are delayed.
 
     Only a fraction f of the calls is delayed, so the overall latency is a mixture: the overall quantile q is the

@@ -48,8 +48,7 @@ def _apply_settings(cfg: EffectiveConfig) -> None:
     NCCL_BUFFSIZE at its first read in the process: when NCCL may already be running, a changed value is reported
     as too late.
     """
-    wanted = {"NCCL_ALGO": None if cfg.nccl_algo == "auto" else cfg.nccl_algo,
-              "NCCL_BUFFSIZE": str(cfg.nccl_buffsize)}
+    wanted = {"NCCL_ALGO": None if cfg.nccl_algo == "auto" else cfg.nccl_algo, "NCCL_BUFFSIZE": str(cfg.nccl_buffsize)}
     set_by_us = _state["set_by_us"]
     started = _state["first_values"] is not None or _other_nccl_groups_exist()
     report = {}
@@ -57,8 +56,9 @@ def _apply_settings(cfg: EffectiveConfig) -> None:
         current = os.environ.get(var)
         if current is not None and set_by_us.get(var) != current:
             if value is not None and current != value:
-                logger.info("delaycomm: %s=%s from the user's environment wins over delaycomm's %s", var, current,
-                            value)
+                logger.info(
+                    "delaycomm: %s=%s from the user's environment wins over delaycomm's %s", var, current, value
+                )
             report[var] = {"value": current, "source": "user environment"}
             continue
         if value is None:
@@ -72,15 +72,25 @@ def _apply_settings(cfg: EffectiveConfig) -> None:
             if var == "NCCL_BUFFSIZE":
                 logger.warning(
                     "delaycomm: %s=%s is set too late: NCCL caches it at its first read in this process "
-                    "(value then: %s); set nccl_buffsize before the first NCCL group", var, value, first)
+                    "(value then: %s); set nccl_buffsize before the first NCCL group",
+                    var,
+                    value,
+                    first,
+                )
             else:
                 logger.warning(
                     "delaycomm: %s=%s applies to NCCL communicators created from now on; communicators that "
-                    "exist keep %s", var, value, first)
+                    "exist keep %s",
+                    var,
+                    value,
+                    first,
+                )
         os.environ[var] = value
         set_by_us[var] = value
-        report[var] = {"value": value, "source": "delaycomm (nccl_algo)" if var == "NCCL_ALGO"
-                       else "delaycomm (nccl_buffsize)"}
+        report[var] = {
+            "value": value,
+            "source": "delaycomm (nccl_algo)" if var == "NCCL_ALGO" else "delaycomm (nccl_buffsize)",
+        }
     if _state["first_values"] is None:
         _state["first_values"] = {k: v["value"] for k, v in report.items()}
     _state["report"] = report
@@ -97,8 +107,10 @@ def nccl_settings() -> dict[str, Any]:
     report = dict(_state["report"])
     if not report:
         cfg = resolve()
-        for var, value, name in (("NCCL_ALGO", None if cfg.nccl_algo == "auto" else cfg.nccl_algo, "nccl_algo"),
-                                 ("NCCL_BUFFSIZE", str(cfg.nccl_buffsize), "nccl_buffsize")):
+        for var, value, name in (
+            ("NCCL_ALGO", None if cfg.nccl_algo == "auto" else cfg.nccl_algo, "nccl_algo"),
+            ("NCCL_BUFFSIZE", str(cfg.nccl_buffsize), "nccl_buffsize"),
+        ):
             if os.environ.get(var) is not None and _state["set_by_us"].get(var) != os.environ[var]:
                 report[var] = {"value": os.environ[var], "source": "user environment"}
             elif value is None:

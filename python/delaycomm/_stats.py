@@ -80,17 +80,30 @@ def format_table(data: dict[str, Any]) -> str:
     lines = [table.format_table(_COLUMNS, sorted(data.get("ops", {}).items()), header=[title], sep=" ")]
     sd = data.get("slowdown", {})
     if sd.get("calls"):
-        lines.append("# slowdown: blocked {n} times, {t:.1f} ms in all (p50 {p50:.2f} ms, max {mx:.2f} ms)".format(
-            n=sd["calls"], t=sd["blocked"]["mean_ms"] * sd["blocked"]["count"], p50=sd["blocked"]["p50_ms"],
-            mx=sd["blocked"]["max_ms"]))
+        lines.append(
+            "# slowdown: blocked {n} times, {t:.1f} ms in all (p50 {p50:.2f} ms, max {mx:.2f} ms)".format(
+                n=sd["calls"],
+                t=sd["blocked"]["mean_ms"] * sd["blocked"]["count"],
+                p50=sd["blocked"]["p50_ms"],
+                mx=sd["blocked"]["max_ms"],
+            )
+        )
     st = data.get("staleness", {})
     if st.get("steps"):
         lines.append(
             "# staleness: steps {steps} fresh {fresh} stale {stale} dropped {dropped} stale:fresh {r:.3f} "
             "blocked {b:.1f} ms staleness p50 {p50:.1f} p99 {p99:.1f} max {mx:.0f}".format(
-                steps=st["steps"], fresh=st["fresh"], stale=st["stale"], dropped=st["dropped"],
-                r=st["stale_fresh_ratio"], b=st["blocked_ms"], p50=st["staleness"]["p50"],
-                p99=st["staleness"]["p99"], mx=st["staleness"]["max"]))
+                steps=st["steps"],
+                fresh=st["fresh"],
+                stale=st["stale"],
+                dropped=st["dropped"],
+                r=st["stale_fresh_ratio"],
+                b=st["blocked_ms"],
+                p50=st["staleness"]["p50"],
+                p99=st["staleness"]["p99"],
+                mx=st["staleness"]["max"],
+            )
+        )
         lines.append("# staleness " + _step_text(st))
     return "\n".join(lines)
 
@@ -101,8 +114,10 @@ def _step_text(st: dict[str, Any]) -> str:
     if source == "step_ms":
         return f"step: {st['step_ms']:.3f} ms (step_ms)"
     if source == "calibrated":
-        return (f"step: {st['step_ms']:.3f} ms (step_ms=auto: median of {st['step_intervals']} intervals of "
-                f"{st['step_key']} on rank 0, agreed at stale reduction #{st['step_call']})")
+        return (
+            f"step: {st['step_ms']:.3f} ms (step_ms=auto: median of {st['step_intervals']} intervals of "
+            f"{st['step_key']} on rank 0, agreed at stale reduction #{st['step_call']})"
+        )
     return "step: not calibrated yet (step_ms=auto; nothing is deferred until a stream recurs)"
 
 
@@ -119,4 +134,3 @@ def report(group=None) -> str:
         return format_table(stats(group))
     blocks = [format_table(g) for g in stats()["groups"].values()]
     return "\n\n".join(blocks) if blocks else "# no delaycomm groups"
-

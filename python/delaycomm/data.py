@@ -31,14 +31,23 @@ class DelayedLoader:
         ValueError: a bad spec, fraction, seed or rank.
     """
 
-    def __init__(self, loader: Iterable[Any], delay: str = "exp:p99=400ms", fraction: float = 0.3, seed: int = 0,
-                 rank: int | None = None) -> None:
+    def __init__(
+        self,
+        loader: Iterable[Any],
+        delay: str = "exp:p99=400ms",
+        fraction: float = 0.3,
+        seed: int = 0,
+        rank: int | None = None,
+    ) -> None:
         try:
             spec = parse_delay(delay)
         except ValueError as e:
             raise ValueError(f"delaycomm.data.DelayedLoader: invalid delay {delay!r}: {e}") from None
-        if isinstance(fraction, bool) or not isinstance(fraction, (int, float)) or not (
-                math.isfinite(fraction) and 0.0 <= fraction <= 1.0):
+        if (
+            isinstance(fraction, bool)
+            or not isinstance(fraction, (int, float))
+            or not (math.isfinite(fraction) and 0.0 <= fraction <= 1.0)
+        ):
             raise ValueError(f"delaycomm.data.DelayedLoader: fraction must be a number in [0, 1], got {fraction!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"delaycomm.data.DelayedLoader: seed must be an integer >= 0, got {seed!r}")
@@ -80,5 +89,11 @@ class DelayedLoader:
         def pct(q: float) -> float:
             return ds[min(len(ds) - 1, int(q * len(ds)))] if ds else 0.0
 
-        return {"batches": self._next, "delayed": len(ds), "total_delay_s": float(sum(ds)), "p50_s": pct(0.5),
-                "p99_s": pct(0.99), "max_s": ds[-1] if ds else 0.0}
+        return {
+            "batches": self._next,
+            "delayed": len(ds),
+            "total_delay_s": float(sum(ds)),
+            "p50_s": pct(0.5),
+            "p99_s": pct(0.99),
+            "max_s": ds[-1] if ds else 0.0,
+        }

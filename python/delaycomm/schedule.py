@@ -19,8 +19,7 @@ __all__ = ["EpochWarmup"]
 def _check_int(name: str, value: object, minimum: int) -> int:
     # bool is an int in Python: reject it, as True is never a meant step count.
     if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"EpochWarmup: {name} must be an integer >= {minimum}, got {value!r} "
-                         f"({type(value).__name__})")
+        raise ValueError(f"EpochWarmup: {name} must be an integer >= {minimum}, got {value!r} ({type(value).__name__})")
     if value < minimum:
         raise ValueError(f"EpochWarmup: {name} must be an integer >= {minimum}, got {value}")
     return int(value)
@@ -64,7 +63,8 @@ class EpochWarmup(LRScheduler):
         if self.warmup_steps > self.steps_per_epoch:
             raise ValueError(
                 f"EpochWarmup: warmup_steps ({self.warmup_steps}) must not exceed steps_per_epoch "
-                f"({self.steps_per_epoch}): the warmup restarts every epoch and would never finish")
+                f"({self.steps_per_epoch}): the warmup restarts every epoch and would never finish"
+            )
         super().__init__(optimizer)
 
     def factor(self, step: int) -> float:

@@ -82,24 +82,49 @@ class _Entry:
         return engine.run_rank(rank, world_size, settings, init_method, clock)
 
 
-def make_record(times: dict[tuple[str, int, str], list[list[float]]], world_size: int = 2,
-                backends: tuple[str, ...] = ("delaycomm", "gloo"), device: str = "cpu") -> dict[str, Any]:
+def make_record(
+    times: dict[tuple[str, int, str], list[list[float]]],
+    world_size: int = 2,
+    backends: tuple[str, ...] = ("delaycomm", "gloo"),
+    device: str = "cpu",
+) -> dict[str, Any]:
     """A run record with the given raw times (``times[(collective, size, backend)][repeat][call]``, in us)."""
     from delaycomm.bench.results import FORMAT
 
     rows = []
     for (coll, size, label), t in times.items():
-        rows.append({"collective": coll, "size_bytes": size, "count": size // 4, "dtype": "float32",
-                     "redop": "sum" if coll in ("all_reduce", "reduce_scatter") else "none", "backend": label,
-                     "times_us": t, "wrong": 0})
+        rows.append(
+            {
+                "collective": coll,
+                "size_bytes": size,
+                "count": size // 4,
+                "dtype": "float32",
+                "redop": "sum" if coll in ("all_reduce", "reduce_scatter") else "none",
+                "backend": label,
+                "times_us": t,
+                "wrong": 0,
+            }
+        )
     return {
-        "format": FORMAT, "world_size": world_size,
-        "settings": {"collectives": sorted({k[0] for k in times}), "sizes": sorted({k[1] for k in times}),
-                     "dtype": "float32", "redop": "sum", "iters": len(next(iter(times.values()))[0]), "warmup": 1,
-                     "repeats": len(next(iter(times.values()))), "check": 1, "root": 0, "device": device,
-                     "backends": [{"label": b, "name": b.split("[")[0], "options": {}} for b in backends],
-                     "timeout_s": 60.0, "progress": False},
-        "rows": rows, "skipped": [],
+        "format": FORMAT,
+        "world_size": world_size,
+        "settings": {
+            "collectives": sorted({k[0] for k in times}),
+            "sizes": sorted({k[1] for k in times}),
+            "dtype": "float32",
+            "redop": "sum",
+            "iters": len(next(iter(times.values()))[0]),
+            "warmup": 1,
+            "repeats": len(next(iter(times.values()))),
+            "check": 1,
+            "root": 0,
+            "device": device,
+            "backends": [{"label": b, "name": b.split("[")[0], "options": {}} for b in backends],
+            "timeout_s": 60.0,
+            "progress": False,
+        },
+        "rows": rows,
+        "skipped": [],
     }
 
 

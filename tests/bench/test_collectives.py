@@ -37,8 +37,13 @@ def _simulate(name, inputs, redop, root):
     """What each rank must get, computed from every rank's actual check input (an independent reference)."""
     n = len(inputs)
     stacked = torch.stack([x.to(torch.float64) for x in inputs])
-    red = {"sum": lambda t: t.sum(0), "prod": lambda t: t.prod(0), "min": lambda t: t.min(0).values,
-           "max": lambda t: t.max(0).values, "avg": lambda t: t.mean(0)}[redop]
+    red = {
+        "sum": lambda t: t.sum(0),
+        "prod": lambda t: t.prod(0),
+        "min": lambda t: t.min(0).values,
+        "max": lambda t: t.max(0).values,
+        "avg": lambda t: t.mean(0),
+    }[redop]
     if name == "all_reduce":
         return [red(stacked)] * n
     if name == "all_gather":
@@ -69,10 +74,17 @@ def test_expected_matches_a_simulation_of_the_check_inputs(name, redop, n):
         assert torch.equal(spec.expected(count, r, n, redop, root), want[r]), (name, redop, n, r)
 
 
-@pytest.mark.parametrize("name, size, elsize, n, count", [
-    ("all_reduce", 8, 4, 4, 2), ("all_gather", 8, 4, 4, 0), ("all_gather", 32, 4, 3, 6),
-    ("reduce_scatter", 4096, 2, 3, 2046), ("broadcast", 7, 4, 2, 1), ("all_to_all", 64, 8, 8, 8),
-])
+@pytest.mark.parametrize(
+    "name, size, elsize, n, count",
+    [
+        ("all_reduce", 8, 4, 4, 2),
+        ("all_gather", 8, 4, 4, 0),
+        ("all_gather", 32, 4, 3, 6),
+        ("reduce_scatter", 4096, 2, 3, 2046),
+        ("broadcast", 7, 4, 2, 1),
+        ("all_to_all", 64, 8, 8, 8),
+    ],
+)
 def test_count_rounds_down_to_whole_chunks(name, size, elsize, n, count):
     assert get(name).count_for(size, elsize, n) == count
 

@@ -33,8 +33,10 @@ def test_a_slowdown_in_a_majority_of_repeats_fails_naming_sizes_and_ratios():
     assert [v.size_bytes for v in result.failed] == [4096]
     text = result.format()
     assert "gate: FAIL" in text
-    assert "all_reduce 4 KiB delaycomm: ratio 1.400 > limit 1.100 (baseline 1.000; 2/3 repeats over: 1.500, 1.400, " \
-           "1.000)" in text
+    assert (
+        "all_reduce 4 KiB delaycomm: ratio 1.400 > limit 1.100 (baseline 1.000; 2/3 repeats over: 1.500, 1.400, "
+        "1.000)" in text
+    )
 
 
 def test_one_bad_repeat_does_not_fail():
@@ -77,11 +79,14 @@ def test_sizes_missing_from_the_run_are_listed_not_failed():
     assert result.ok and result.missing == ("all_reduce 4 KiB delaycomm",)
 
 
-@pytest.mark.parametrize("change, message", [
-    (lambda r: r.update(world_size=4), "world_size: baseline 2, this run 4"),
-    (lambda r: r["settings"].update(dtype="float16"), "dtype: baseline 'float32', this run 'float16'"),
-    (lambda r: r["settings"].update(device="cuda"), "device: baseline 'cpu', this run 'cuda'"),
-])
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda r: r.update(world_size=4), "world_size: baseline 2, this run 4"),
+        (lambda r: r["settings"].update(dtype="float16"), "dtype: baseline 'float32', this run 'float16'"),
+        (lambda r: r["settings"].update(device="cuda"), "device: baseline 'cpu', this run 'cuda'"),
+    ],
+)
 def test_a_different_setup_is_an_error(change, message):
     base = run({8: [1.0] * 3})
     cur = run({8: [1.0] * 3})

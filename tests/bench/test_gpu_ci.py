@@ -70,18 +70,32 @@ def _junit(path, cases):
 def test_the_report_folds_every_step_into_one_json_and_a_summary(tmp_path):
     (tmp_path / "evidence").mkdir()
     (tmp_path / "logs").mkdir()
-    (tmp_path / "steps.tsv").write_text("environment\t0\t3\t60\nbuild\tskipped: dry run\t0\t0\n"
-                                        "gpu_tests\t1\t120\t300\ngate_injected\t0\t50\t300\n")
+    (tmp_path / "steps.tsv").write_text(
+        "environment\t0\t3\t60\nbuild\tskipped: dry run\t0\t0\ngpu_tests\t1\t120\t300\ngate_injected\t0\t50\t300\n"
+    )
     (tmp_path / "logs" / "gpu_tests.log").write_text("E   AssertionError: stale == 0\n")
-    (tmp_path / "environment.json").write_text(json.dumps({"gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11",
-                                                           "cuda": "13.0", "nccl": "2.28.9"}))
-    _junit(tmp_path / "gpu_tests.xml", [("test_a", ""), ("test_b", '<failure message="stale == 0"/>'),
-                                        ("test_c", '<skipped message="needs a CUDA device"/>')])
-    nccl = {"script": {"env_after": {"NCCL_ALGO": "allreduce:tree"}},
-            "nccl": {"version": "2.28.9", "set_by_environment": {"NCCL_BUFFSIZE": ["2097152"]}, "lines": []}}
+    (tmp_path / "environment.json").write_text(
+        json.dumps({"gpu": "NVIDIA H200", "driver": "580.1", "torch": "2.11", "cuda": "13.0", "nccl": "2.28.9"})
+    )
+    _junit(
+        tmp_path / "gpu_tests.xml",
+        [
+            ("test_a", ""),
+            ("test_b", '<failure message="stale == 0"/>'),
+            ("test_c", '<skipped message="needs a CUDA device"/>'),
+        ],
+    )
+    nccl = {
+        "script": {"env_after": {"NCCL_ALGO": "allreduce:tree"}},
+        "nccl": {"version": "2.28.9", "set_by_environment": {"NCCL_BUFFSIZE": ["2097152"]}, "lines": []},
+    }
     (tmp_path / "evidence" / "nccl_default_settings.json").write_text(json.dumps(nccl))
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", "gpu_check_report.py"), "report",
-                           str(tmp_path), "full", "0"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(REPO, "bench", "gpu_check_report.py"), "report", str(tmp_path), "full", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rec = json.loads((tmp_path / "gpu_check.json").read_text())
     assert rec["ok"] is False

@@ -22,8 +22,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def settings(**kw):
-    base = dict(collectives=("all_reduce",), sizes=(8, 4096), iters=10, warmup=2, repeats=3, backends=BACKENDS,
-                timeout_s=60.0)
+    base = dict(
+        collectives=("all_reduce",), sizes=(8, 4096), iters=10, warmup=2, repeats=3, backends=BACKENDS, timeout_s=60.0
+    )
     base.update(kw)
     return Settings(**base)
 
@@ -46,12 +47,28 @@ def test_scripted_clock_gives_the_hand_computed_numbers(tmp_path):
     # Per-call times (ns) on each rank; a call's time is the max over ranks: 1.5, 2, 3, 10 us.
     clock = ScriptedClock({0: [1000, 2000, 3000, 10000], 1: [1500, 1000, 3000, 4000], 2: [500, 500, 500, 500]})
     colls = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all")
-    record, _ = measure(tmp_path, "scripted", nproc=3, clock=clock, collectives=colls, sizes=(1536, 6144),
-                        iters=4, repeats=1, warmup=1, root=1, interleave="block")
+    record, _ = measure(
+        tmp_path,
+        "scripted",
+        nproc=3,
+        clock=clock,
+        collectives=colls,
+        sizes=(1536, 6144),
+        iters=4,
+        repeats=1,
+        warmup=1,
+        root=1,
+        interleave="block",
+    )
     stats = results.row_stats(record)
     assert len(stats) == 5 * 2 * 2
-    factor = {"all_reduce": 4 / 3, "all_gather": 2 / 3, "reduce_scatter": 2 / 3, "broadcast": 1.0,
-              "all_to_all": 2 / 3}  # n = 3
+    factor = {
+        "all_reduce": 4 / 3,
+        "all_gather": 2 / 3,
+        "reduce_scatter": 2 / 3,
+        "broadcast": 1.0,
+        "all_to_all": 2 / 3,
+    }  # n = 3
     for r in stats:
         assert r.p50_us == pytest.approx(2.5)  # median of 1.5 2 3 10
         assert r.p99_us == pytest.approx(9.79)  # h = 3 * 0.99 = 2.97 -> 3 + 0.97 * (10 - 3)
@@ -78,14 +95,26 @@ def test_calls_alternate_between_backends_and_the_order_flips_each_repeat(tmp_pa
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("dtype, redop, nproc", [("bfloat16", "max", 3), ("int8", "prod", 2)])
 def test_check_is_clean_for_other_dtypes_and_ops(tmp_path, dtype, redop, nproc):
-    record, _ = measure(tmp_path, "dtypes", nproc=nproc, collectives=("all_reduce", "reduce_scatter"),
-                        sizes=(1, 2, 96), dtype=dtype, redop=redop, iters=2, repeats=1, warmup=1)
+    record, _ = measure(
+        tmp_path,
+        "dtypes",
+        nproc=nproc,
+        collectives=("all_reduce", "reduce_scatter"),
+        sizes=(1, 2, 96),
+        dtype=dtype,
+        redop=redop,
+        iters=2,
+        repeats=1,
+        warmup=1,
+    )
     stats = results.row_stats(record)
     assert len(stats) == 2 * (5 if dtype == "int8" else 3) and all(r.wrong == 0 for r in stats)
     # too small for one element per rank, or the same element count twice: skipped and said so
     assert {(s["collective"], s["size_bytes"]) for s in record["skipped"]} == (
-        {("all_reduce", 1), ("reduce_scatter", 1), ("reduce_scatter", 2)} if dtype == "bfloat16"
-        else {("reduce_scatter", 1)})
+        {("all_reduce", 1), ("reduce_scatter", 1), ("reduce_scatter", 2)}
+        if dtype == "bfloat16"
+        else {("reduce_scatter", 1)}
+    )
 
 
 @pytest.mark.timeout(90)
@@ -142,20 +171,50 @@ def forked_ranks(monkeypatch):
     """The CLI in this process, its ranks forked by the test harness instead of the bench's launcher."""
     from delaycomm.bench import cli
 
-    monkeypatch.setattr(cli, "_measure", lambda settings, nproc: run_procs(_rank, nproc, settings, None, None,
-                                                                         timeout=80)[0])
+    monkeypatch.setattr(
+        cli, "_measure", lambda settings, nproc: run_procs(_rank, nproc, settings, None, None, timeout=80)[0]
+    )
 
 
 @pytest.mark.timeout(90)
 def test_const_delay_shows_in_the_latency_and_fails_the_gate(tmp_path, forked_ranks, capsys):
     # The baseline: delaycomm as fast as gloo at both sizes (ratio 1); only ratios matter to the gate.
     baseline = str(tmp_path / "baseline.json")
-    results.save(make_record({("all_reduce", size, b): [[100.0] * 5] * 3
-                              for size in (8, 4096) for b in ("delaycomm", "gloo")}), baseline)
+    results.save(
+        make_record({("all_reduce", size, b): [[100.0] * 5] * 3 for size in (8, 4096) for b in ("delaycomm", "gloo")}),
+        baseline,
+    )
     out = tmp_path / "delayed.json"
-    status = main(["--nproc", "2", "-b", "8", "-e", "4K", "-f", "512", "-n", "5", "-w", "1", "-r", "3",
-                   "--delay", "const:50ms", "--delay-fraction", "1", "--json", str(out), "--compare", baseline,
-                   "--max-slowdown", "1.5", "--confirm", "1"])
+    status = main(
+        [
+            "--nproc",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "4K",
+            "-f",
+            "512",
+            "-n",
+            "5",
+            "-w",
+            "1",
+            "-r",
+            "3",
+            "--delay",
+            "const:50ms",
+            "--delay-fraction",
+            "1",
+            "--json",
+            str(out),
+            "--compare",
+            baseline,
+            "--max-slowdown",
+            "1.5",
+            "--confirm",
+            "1",
+        ]
+    )
     stdout = capsys.readouterr().out
     assert status == 1, stdout
     assert "gate: FAIL: delaycomm got slower relative to gloo at 2 of 2 sizes" in stdout
@@ -181,8 +240,32 @@ def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
     # The command line's main in this process; its launcher (--nproc) spawns the ranks as fresh interpreters.
     # (`python -m delaycomm.bench` itself runs in test_runs_under_torchrun.)
     out, png = tmp_path / "run.json", tmp_path / "run.png"
-    status = main(["--nproc", "2", "-b", "8", "-e", "1K", "-f", "32", "-n", "5", "-w", "1", "-r", "2",
-                   "-C", "all_reduce,broadcast", "--json", str(out), "--plot", str(png), "--progress", "on"])
+    status = main(
+        [
+            "--nproc",
+            "2",
+            "-b",
+            "8",
+            "-e",
+            "1K",
+            "-f",
+            "32",
+            "-n",
+            "5",
+            "-w",
+            "1",
+            "-r",
+            "2",
+            "-C",
+            "all_reduce,broadcast",
+            "--json",
+            str(out),
+            "--plot",
+            str(png),
+            "--progress",
+            "on",
+        ]
+    )
     stdout = capsys.readouterr().out
     assert status == 0, stdout
     assert "#         size        count      type  redop" in stdout
@@ -201,9 +284,29 @@ def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
 @pytest.mark.timeout(90)
 def test_runs_under_torchrun(tmp_path):
     out = tmp_path / "torchrun.json"
-    proc = _cli(["--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "delaycomm.bench",
-                 "-b", "64", "-e", "64", "-n", "5", "-w", "1", "-r", "2", "--json", str(out)],
-                module="torch.distributed.run")
+    proc = _cli(
+        [
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            "delaycomm.bench",
+            "-b",
+            "64",
+            "-e",
+            "64",
+            "-n",
+            "5",
+            "-w",
+            "1",
+            "-r",
+            "2",
+            "--json",
+            str(out),
+        ],
+        module="torch.distributed.run",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["world_size"] == 2 and [r["backend"] for r in data["rows"]] == ["delaycomm", "gloo"]

@@ -21,10 +21,27 @@ SCRIPT = os.path.join(BENCH, "percall.py")
 
 def record(raw: list[list[float]], dc: list[list[float]], path: str = "sync", device: str = "cpu") -> dict:
     """A record with one item per run: raw[run][pair] and dc[run][pair] CPU µs per call (wall = CPU)."""
-    runs = [{"items": [{"size_bytes": 8, "path": path, "raw_cpu_us": r, "dc_cpu_us": d, "raw_wall_us": r,
-                        "dc_wall_us": d, "first": ["raw"] * len(r)}]} for r, d in zip(raw, dc)]
-    return {"format": percall.FORMAT, "settings": {"device": device, "calls": 400, "blocks": len(raw[0]),
-                                                   "inject_us": 0}, "runs": runs}
+    runs = [
+        {
+            "items": [
+                {
+                    "size_bytes": 8,
+                    "path": path,
+                    "raw_cpu_us": r,
+                    "dc_cpu_us": d,
+                    "raw_wall_us": r,
+                    "dc_wall_us": d,
+                    "first": ["raw"] * len(r),
+                }
+            ]
+        }
+        for r, d in zip(raw, dc)
+    ]
+    return {
+        "format": percall.FORMAT,
+        "settings": {"device": device, "calls": 400, "blocks": len(raw[0]), "inject_us": 0},
+        "runs": runs,
+    }
 
 
 RAW = [[40.0, 41.0, 39.0, 40.5, 60.0], [42.0, 40.0, 41.0, 43.0, 39.0], [40.0, 40.0, 40.0, 41.0, 39.0]]
@@ -103,14 +120,19 @@ def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=timeout, env=env)
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--paths", "sync,bogus"], "argument --paths: unknown path 'bogus'; expected a comma-separated list of: sync, "
-                                "async_wait, future_then"),
-    (["-b", "2M", "-e", "1K"], "argument -b/--minbytes: 2097152 B is larger than -e/--maxbytes 1024 B"),
-    (["--inject-us", "-1"], "argument --inject-us: -1 is out of range; expected microseconds in [0, 1e6)"),
-    (["--blocks", "0"], "argument --blocks: 0 is too small; expected an integer >= 1"),
-    (["--compare", "/nonexistent/base.json"], "argument --compare: /nonexistent/base.json: no such file"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (
+            ["--paths", "sync,bogus"],
+            "argument --paths: unknown path 'bogus'; expected a comma-separated list of: sync, async_wait, future_then",
+        ),
+        (["-b", "2M", "-e", "1K"], "argument -b/--minbytes: 2097152 B is larger than -e/--maxbytes 1024 B"),
+        (["--inject-us", "-1"], "argument --inject-us: -1 is out of range; expected microseconds in [0, 1e6)"),
+        (["--blocks", "0"], "argument --blocks: 0 is too small; expected an integer >= 1"),
+        (["--compare", "/nonexistent/base.json"], "argument --compare: /nonexistent/base.json: no such file"),
+    ],
+)
 def test_bad_input_exits_2_naming_the_flag(args, message, capsys):
     with pytest.raises(SystemExit) as e:
         percall.main(args)
@@ -130,8 +152,24 @@ def test_a_file_that_is_not_a_record_is_refused(tmp_path, capsys):
 @pytest.mark.timeout(600)
 def test_a_real_run_then_the_gate_fails_on_an_injected_slowdown(tmp_path):
     """Real Gloo and delaycomm groups in a fresh process. The injected 300 us dwarfs any load on the CI machine."""
-    small = ["-b", "8", "-e", "8", "--paths", "sync", "--calls", "40", "--blocks", "7", "--warmup-blocks", "1",
-             "--runs", "1", "--progress", "off"]
+    small = [
+        "-b",
+        "8",
+        "-e",
+        "8",
+        "--paths",
+        "sync",
+        "--calls",
+        "40",
+        "--blocks",
+        "7",
+        "--warmup-blocks",
+        "1",
+        "--runs",
+        "1",
+        "--progress",
+        "off",
+    ]
     base = tmp_path / "base.json"
     proc = _cli(*small, "--json", str(base))
     assert proc.returncode == 0, proc.stderr

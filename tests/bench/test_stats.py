@@ -12,14 +12,17 @@ from delaycomm.bench.results import BenchFileError, bandwidths, percentile, row_
 from .helpers import make_record
 
 
-@pytest.mark.parametrize("values, q, expected", [
-    ([5.0], 50, 5.0),
-    ([1.0, 2.0, 3.0, 4.0], 50, 2.5),
-    ([1.5, 2.0, 3.0, 10.0], 99, 3.0 + 0.97 * 7.0),
-    ([3.0, 1.0, 2.0], 0, 1.0),
-    ([3.0, 1.0, 2.0], 100, 3.0),
-    (list(range(101)), 99, 99.0),
-])
+@pytest.mark.parametrize(
+    "values, q, expected",
+    [
+        ([5.0], 50, 5.0),
+        ([1.0, 2.0, 3.0, 4.0], 50, 2.5),
+        ([1.5, 2.0, 3.0, 10.0], 99, 3.0 + 0.97 * 7.0),
+        ([3.0, 1.0, 2.0], 0, 1.0),
+        ([3.0, 1.0, 2.0], 100, 3.0),
+        (list(range(101)), 99, 99.0),
+    ],
+)
 def test_percentile_is_linear_interpolation(values, q, expected):
     assert percentile([float(v) for v in values], q) == pytest.approx(expected)
 
@@ -29,11 +32,19 @@ def test_percentile_of_nothing_raises():
         percentile([], 50)
 
 
-@pytest.mark.parametrize("collective, n, factor", [
-    ("all_reduce", 2, 1.0), ("all_reduce", 4, 1.5), ("all_reduce", 8, 1.75),
-    ("all_gather", 4, 0.75), ("reduce_scatter", 2, 0.5), ("broadcast", 8, 1.0), ("all_to_all", 4, 0.75),
-    ("all_reduce", 1, 0.0),
-])
+@pytest.mark.parametrize(
+    "collective, n, factor",
+    [
+        ("all_reduce", 2, 1.0),
+        ("all_reduce", 4, 1.5),
+        ("all_reduce", 8, 1.75),
+        ("all_gather", 4, 0.75),
+        ("reduce_scatter", 2, 0.5),
+        ("broadcast", 8, 1.0),
+        ("all_to_all", 4, 0.75),
+        ("all_reduce", 1, 0.0),
+    ],
+)
 def test_busbw_factor_per_collective(collective, n, factor):
     algbw, busbw = bandwidths(1_000_000, 1000.0, collective, n)  # 1 MB in 1 ms
     assert algbw == pytest.approx(1.0)  # GB/s
@@ -42,10 +53,13 @@ def test_busbw_factor_per_collective(collective, n, factor):
 
 def test_row_stats_pool_repeats_and_take_median_ratio():
     # 2 repeats x 4 calls. delaycomm's per-repeat p50: 2.5, 5.0; gloo's: 2.0, 2.0 -> ratios 1.25, 2.5.
-    rec = make_record({
-        ("all_reduce", 4096, "delaycomm"): [[1.0, 2.0, 3.0, 4.0], [4.0, 5.0, 5.0, 6.0]],
-        ("all_reduce", 4096, "gloo"): [[1.0, 2.0, 2.0, 3.0], [2.0, 2.0, 2.0, 2.0]],
-    }, world_size=4)
+    rec = make_record(
+        {
+            ("all_reduce", 4096, "delaycomm"): [[1.0, 2.0, 3.0, 4.0], [4.0, 5.0, 5.0, 6.0]],
+            ("all_reduce", 4096, "gloo"): [[1.0, 2.0, 2.0, 3.0], [2.0, 2.0, 2.0, 2.0]],
+        },
+        world_size=4,
+    )
     dc, gloo = row_stats(rec)
     assert dc.p50_us == pytest.approx(4.0)  # pooled: 1 2 3 4 4 5 5 6
     assert dc.p99_us == pytest.approx(5.0 + 0.93 * 1.0)  # h = 7 * 0.99 = 6.93
@@ -59,13 +73,29 @@ def test_row_stats_pool_repeats_and_take_median_ratio():
 
 
 def test_table_has_every_column_and_the_numbers():
-    rec = make_record({
-        ("all_reduce", 8, "delaycomm"): [[10.0, 12.0, 14.0]],
-        ("all_reduce", 8, "gloo"): [[10.0, 10.0, 10.0]],
-    })
+    rec = make_record(
+        {
+            ("all_reduce", 8, "delaycomm"): [[10.0, 12.0, 14.0]],
+            ("all_reduce", 8, "gloo"): [[10.0, 10.0, 10.0]],
+        }
+    )
     text = format_table(rec)
-    for word in ("size", "count", "type", "redop", "p50", "p99", "algbw", "busbw", "#wrong", "ratio",
-                 "(us)", "(GB/s)", "delaycomm", "gloo"):
+    for word in (
+        "size",
+        "count",
+        "type",
+        "redop",
+        "p50",
+        "p99",
+        "algbw",
+        "busbw",
+        "#wrong",
+        "ratio",
+        "(us)",
+        "(GB/s)",
+        "delaycomm",
+        "gloo",
+    ):
         assert word in text
     row = next(line for line in text.splitlines() if line.strip().startswith("8 "))
     cells = row.split()
@@ -84,12 +114,15 @@ def test_save_then_load_round_trips_and_adds_derived_fields(tmp_path):
     assert row_stats(results.load(str(path))) == row_stats(rec)
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{not json", "not valid JSON"),
-    ("[1, 2]", "expected a JSON object, got list"),
-    ('{"format": "something-else"}', "'format' is 'something-else'"),
-    ("", "not valid JSON"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("{not json", "not valid JSON"),
+        ("[1, 2]", "expected a JSON object, got list"),
+        ('{"format": "something-else"}', "'format' is 'something-else'"),
+        ("", "not valid JSON"),
+    ],
+)
 def test_load_rejects_corrupt_files(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)

@@ -18,8 +18,14 @@ from delaycomm._registry import backend_of
 def _init(rank: int, world_size: int, init_method: str, timeout_s: float, **options) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # "P99.99 > timeout" is the point here
-        dist.init_process_group("delaycomm", init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s), pg_options=delaycomm.DelayConfig(**options))
+        dist.init_process_group(
+            "delaycomm",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            pg_options=delaycomm.DelayConfig(**options),
+        )
 
 
 def _outcome(fn) -> dict:
@@ -49,8 +55,17 @@ def _issuer_threads() -> list[str]:
 
 def host_delay_timeout(rank, world_size, init_method, timeout_s=3.0):
     """delay_where=host, 30 s on rank 0, a 3 s timeout: rank 0's call and rank 1's wait both end in a timeout."""
-    _init(rank, world_size, init_method, timeout_s, delay="const:30s", delay_fraction=1.0, delay_ranks="0",
-          delay_ops="allreduce", delay_where="host")
+    _init(
+        rank,
+        world_size,
+        init_method,
+        timeout_s,
+        delay="const:30s",
+        delay_fraction=1.0,
+        delay_ranks="0",
+        delay_ops="allreduce",
+        delay_where="host",
+    )
     return _outcome(lambda: dist.all_reduce(torch.ones(4)))
 
 
@@ -66,8 +81,16 @@ def slowdown_timeout(rank, world_size, init_method, timeout_s=3.0, compute_s=0.0
 
 def future_timeout(rank, world_size, init_method, timeout_s=3.0):
     """Network delay of 30 s on rank 0, a 3 s timeout, and the caller waits on the work's future (as DDP does)."""
-    _init(rank, world_size, init_method, timeout_s, delay="const:30s", delay_fraction=1.0, delay_ranks="0",
-          delay_ops="allreduce")
+    _init(
+        rank,
+        world_size,
+        init_method,
+        timeout_s,
+        delay="const:30s",
+        delay_fraction=1.0,
+        delay_ranks="0",
+        delay_ops="allreduce",
+    )
     work = dist.all_reduce(torch.ones(4), async_op=True)
     out = _outcome(lambda: work.get_future().wait())
     out["completed"] = work.is_completed()
@@ -79,8 +102,16 @@ def future_timeout(rank, world_size, init_method, timeout_s=3.0):
 
 def ddp_timeout(rank, world_size, init_method, timeout_s=3.0):
     """An unmodified DDP step under a network delay of 30 s on rank 0 and a 3 s timeout: the step fails."""
-    _init(rank, world_size, init_method, timeout_s, delay="const:30s", delay_fraction=1.0, delay_ranks="0",
-          delay_ops="allreduce")
+    _init(
+        rank,
+        world_size,
+        init_method,
+        timeout_s,
+        delay="const:30s",
+        delay_fraction=1.0,
+        delay_ranks="0",
+        delay_ops="allreduce",
+    )
     torch.manual_seed(0)
     ddp = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
 
@@ -100,16 +131,21 @@ def destroy_with_held_ops(rank, world_size, init_method, n=8):
     in a host-delayed call (30 s) of another group: destroy is fast, the held ops are issued (their results are
     right), the blocked call fails at once with a clear error, and no issuer thread is left."""
     _init(rank, world_size, init_method, 60.0, delay="const:30s", delay_fraction=1.0, delay_ops="allreduce")
-    host = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
-        delay="const:30s", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce", delay_where="host"))
+    host = dist.new_group(
+        backend="delaycomm",
+        pg_options=delaycomm.DelayConfig(
+            delay="const:30s", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce", delay_where="host"
+        ),
+    )
     backend = backend_of(dist.group.WORLD)
     tensors = [torch.full((8,), float(rank + 1)) for _ in range(n)]
     works = [dist.all_reduce(t, async_op=True) for t in tensors]
     blocked: dict = {}
     thread = None
     if rank == 0:
-        thread = threading.Thread(target=lambda: blocked.update(_outcome(
-            lambda: dist.all_reduce(torch.ones(4), group=host))))
+        thread = threading.Thread(
+            target=lambda: blocked.update(_outcome(lambda: dist.all_reduce(torch.ones(4), group=host)))
+        )
         thread.start()
     time.sleep(0.5)  # rank 0's thread enters its 30 s host delay (rank 1 pairs nothing with it)
     pending_before = backend.pending_delayed_ops()
@@ -122,8 +158,17 @@ def destroy_with_held_ops(rank, world_size, init_method, n=8):
     outcomes = []
     for w, t in zip(works, tensors):
         r = _outcome(w.wait)
-        outcomes.append("ok" if r["kind"] == "ok" and torch.all(t == sum(range(1, world_size + 1)))
-                        else f"{r['kind']}: {r['msg'][:200]}")
-    return {"pending_before": pending_before, "destroy_s": destroy_s, "outcomes": outcomes,
-            "blocked": blocked, "blocked_thread_alive": thread.is_alive() if thread else False,
-            "threads_before": threads_before, "threads_after": _issuer_threads()}
+        outcomes.append(
+            "ok"
+            if r["kind"] == "ok" and torch.all(t == sum(range(1, world_size + 1)))
+            else f"{r['kind']}: {r['msg'][:200]}"
+        )
+    return {
+        "pending_before": pending_before,
+        "destroy_s": destroy_s,
+        "outcomes": outcomes,
+        "blocked": blocked,
+        "blocked_thread_alive": thread.is_alive() if thread else False,
+        "threads_before": threads_before,
+        "threads_after": _issuer_threads(),
+    }

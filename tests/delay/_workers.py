@@ -17,8 +17,14 @@ from delaycomm._registry import backend_of
 def _init(rank: int, world_size: int, init_method: str, timeout_s: float = 30.0, **options) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # P99.99 > timeout warnings are checked elsewhere
-        dist.init_process_group("delaycomm", init_method=init_method, rank=rank, world_size=world_size,
-                                timeout=timedelta(seconds=timeout_s), pg_options=delaycomm.DelayConfig(**options))
+        dist.init_process_group(
+            "delaycomm",
+            init_method=init_method,
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            pg_options=delaycomm.DelayConfig(**options),
+        )
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -118,8 +124,16 @@ def collectives_bitwise(rank, world_size, init_method, delay, fraction, rounds=2
 
 def targeting(rank, world_size, init_method):
     """delay_ops / delay_ranks / fraction: which calls were delayed, against the schedule's own prediction."""
-    _init(rank, world_size, init_method, delay="const:1ms", delay_fraction=0.5, delay_ranks="1",
-          delay_ops="broadcast,all_reduce", seed=5)
+    _init(
+        rank,
+        world_size,
+        init_method,
+        delay="const:1ms",
+        delay_fraction=0.5,
+        delay_ranks="1",
+        delay_ops="broadcast,all_reduce",
+        seed=5,
+    )
     backend = backend_of(dist.group.WORLD)
     predicted = {"allreduce": 0, "broadcast": 0, "allgather": 0}
     for i in range(60):
@@ -144,8 +158,10 @@ def ddp_params(rank, world_size, init_method, steps=6):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     groups = {
         "none": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
-        "delayed": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
-            delay="lognormal:p50=3ms,p99=30ms", delay_fraction=0.5, seed=2)),
+        "delayed": dist.new_group(
+            backend="delaycomm",
+            pg_options=delaycomm.DelayConfig(delay="lognormal:p50=3ms,p99=30ms", delay_fraction=0.5, seed=2),
+        ),
     }
     params = {}
     for name, g in groups.items():
@@ -200,8 +216,16 @@ def two_threads(rank, world_size, init_method, n=40):
 
 def delay_beyond_timeout(rank, world_size, init_method):
     """Rank 0 holds its all-reduce back for 6 s; the group's timeout is 2 s: both ranks get an error, no hang."""
-    _init(rank, world_size, init_method, timeout_s=2.0, delay="const:6s", delay_fraction=1.0, delay_ranks="0",
-          delay_ops="allreduce")
+    _init(
+        rank,
+        world_size,
+        init_method,
+        timeout_s=2.0,
+        delay="const:6s",
+        delay_fraction=1.0,
+        delay_ranks="0",
+        delay_ops="allreduce",
+    )
     t0 = time.monotonic()
     try:
         dist.all_reduce(torch.ones(4))
@@ -242,8 +266,12 @@ def latency_shift(rank, world_size, init_method, n=40, delay_ms=20):
     """p50 all-reduce latency seen by every rank, without and with const delay on rank 0 only."""
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     base = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
-    slow = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
-        delay=f"const:{delay_ms}ms", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce"))
+    slow = dist.new_group(
+        backend="delaycomm",
+        pg_options=delaycomm.DelayConfig(
+            delay=f"const:{delay_ms}ms", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce"
+        ),
+    )
     t = torch.ones(1024)
     for g in (base, slow):
         for _ in range(3):
@@ -252,8 +280,10 @@ def latency_shift(rank, world_size, init_method, n=40, delay_ms=20):
     for _ in range(n):  # interleaved, so both see the same machine load
         dist.all_reduce(t, group=base)
         dist.all_reduce(t, group=slow)
-    p50 = {name: delaycomm.stats(g)["ops"]["allreduce"]["latency"]["p50_us"] for name, g in
-           (("base", base), ("slow", slow))}
+    p50 = {
+        name: delaycomm.stats(g)["ops"]["allreduce"]["latency"]["p50_us"]
+        for name, g in (("base", base), ("slow", slow))
+    }
     dist.destroy_process_group()
     return p50
 
@@ -263,9 +293,16 @@ def host_vs_network(rank, world_size, init_method, delay_ms=500):
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     out = {}
     for where in ("network", "host"):
-        g = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
-            delay=f"const:{delay_ms}ms", delay_fraction=1.0, delay_ranks="0", delay_ops="allreduce",
-            delay_where=where))
+        g = dist.new_group(
+            backend="delaycomm",
+            pg_options=delaycomm.DelayConfig(
+                delay=f"const:{delay_ms}ms",
+                delay_fraction=1.0,
+                delay_ranks="0",
+                delay_ops="allreduce",
+                delay_where=where,
+            ),
+        )
         t = torch.ones(4)
         t0 = time.monotonic()
         w = dist.all_reduce(t, group=g, async_op=True)
@@ -286,16 +323,17 @@ def slowdown(rank, world_size, init_method, steps=8, compute_s=0.02):
     s = delaycomm.stats(dist.group.WORLD)["slowdown"]
     report = delaycomm.report(dist.group.WORLD)
     dist.destroy_process_group()
-    return {"calls": s["calls"], "p50_ms": s["blocked"]["p50_ms"], "min_ms": s["blocked"]["min_ms"],
-            "report": report}
+    return {"calls": s["calls"], "p50_ms": s["blocked"]["p50_ms"], "min_ms": s["blocked"]["min_ms"], "report": report}
 
 
 def inner_errors(rank, world_size, init_method):
     """An op the inner Gloo rejects, held back by a delay: its error reaches wait() and the future, as without
     delay; the group goes on."""
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
-    delayed = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(
-        delay="const:50ms", delay_fraction=1.0, delay_ops="allreduce"))
+    delayed = dist.new_group(
+        backend="delaycomm",
+        pg_options=delaycomm.DelayConfig(delay="const:50ms", delay_fraction=1.0, delay_ops="allreduce"),
+    )
     plain = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
     out = {}
     t = torch.ones(4)

@@ -38,10 +38,15 @@ def test_sleep_kernel_waits_on_the_stream_not_the_host():
 @pytest.mark.timeout(120)
 def test_nccl_all_reduce_is_delayed_on_the_gpu_and_the_host_goes_on():
     with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group("delaycomm", init_method=f"file://{d}/s", rank=0, world_size=1,
-                                timeout=timedelta(seconds=60), device_id=torch.device("cuda", 0),
-                                pg_options=delaycomm.DelayConfig(delay="const:80ms", delay_fraction=1.0,
-                                                                 delay_ops="allreduce"))
+        dist.init_process_group(
+            "delaycomm",
+            init_method=f"file://{d}/s",
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=60),
+            device_id=torch.device("cuda", 0),
+            pg_options=delaycomm.DelayConfig(delay="const:80ms", delay_fraction=1.0, delay_ops="allreduce"),
+        )
         try:
             x = torch.full((1 << 20,), 3.0, device="cuda")
             dist.all_reduce(x)  # warm-up: creates the communicator (delayed too)

@@ -41,13 +41,16 @@ def test_delayed_batches_are_really_late():
     assert time.monotonic() - t0 >= 0.1
 
 
-@pytest.mark.parametrize("kwargs,message", [
-    (dict(delay="exp:p99=400"), r"DelayedLoader: invalid delay 'exp:p99=400': value of 'p99' '400' has no unit"),
-    (dict(fraction=1.5), r"DelayedLoader: fraction must be a number in \[0, 1\], got 1.5"),
-    (dict(fraction="0.3"), r"DelayedLoader: fraction must be a number in \[0, 1\], got '0.3'"),
-    (dict(seed=-1), r"DelayedLoader: seed must be an integer >= 0, got -1"),
-    (dict(rank=-2), r"DelayedLoader: rank must be an integer >= 0, got -2"),
-])
+@pytest.mark.parametrize(
+    "kwargs,message",
+    [
+        (dict(delay="exp:p99=400"), r"DelayedLoader: invalid delay 'exp:p99=400': value of 'p99' '400' has no unit"),
+        (dict(fraction=1.5), r"DelayedLoader: fraction must be a number in \[0, 1\], got 1.5"),
+        (dict(fraction="0.3"), r"DelayedLoader: fraction must be a number in \[0, 1\], got '0.3'"),
+        (dict(seed=-1), r"DelayedLoader: seed must be an integer >= 0, got -1"),
+        (dict(rank=-2), r"DelayedLoader: rank must be an integer >= 0, got -2"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         DelayedLoader(range(3), **kwargs)

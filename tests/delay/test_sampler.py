@@ -42,8 +42,12 @@ def _shifted_lognorm(st, pcts):
     (q1, x1), (q2, x2), (q3, x3) = sorted(pcts.items())
     z1, z2, z3 = st.norm.ppf([q1, q2, q3])
     want = (z3 - z1) / (z2 - z1)
-    shift = brentq(lambda c: math.log((x3 - c) / (x1 - c)) / math.log((x2 - c) / (x1 - c)) - want, -100.0,
-                   x1 * (1 - 1e-12), xtol=1e-15)
+    shift = brentq(
+        lambda c: math.log((x3 - c) / (x1 - c)) / math.log((x2 - c) / (x1 - c)) - want,
+        -100.0,
+        x1 * (1 - 1e-12),
+        xtol=1e-15,
+    )
     sigma = math.log((x2 - shift) / (x1 - shift)) / (z2 - z1)
     return st.lognorm(s=sigma, loc=shift, scale=math.exp(math.log(x1 - shift) - sigma * z1))
 
@@ -54,8 +58,12 @@ def _shifted_pareto(st, pcts):
 
     (q1, x1), (q2, x2), (q3, x3) = sorted(pcts.items())
     want = math.log((1 - q3) / (1 - q2)) / math.log((1 - q2) / (1 - q1))
-    shift = brentq(lambda c: math.log((x3 - c) / (x2 - c)) / math.log((x2 - c) / (x1 - c)) - want, -100.0,
-                   x1 * (1 - 1e-12), xtol=1e-15)
+    shift = brentq(
+        lambda c: math.log((x3 - c) / (x2 - c)) / math.log((x2 - c) / (x1 - c)) - want,
+        -100.0,
+        x1 * (1 - 1e-12),
+        xtol=1e-15,
+    )
     b = -math.log((1 - q2) / (1 - q1)) / math.log((x2 - shift) / (x1 - shift))
     return st.pareto(b=b, loc=shift, scale=(x1 - shift) * (1 - q1) ** (1 / b))
 
@@ -67,11 +75,15 @@ FAMILIES = {
     "exp:mean=400ms": (lambda st: st.expon(scale=0.4), {}),
     "exp:p50=60ms": (lambda st: st.expon(scale=0.06 / math.log(2)), {0.5: 0.06}),
     "lognormal:p50=60ms,p99=400ms": (lambda st: _lognorm(st, 0.06, 0.4), {0.5: 0.06, 0.99: 0.4}),
-    "lognormal:p50=60ms,p99=400ms,p999=2s": (lambda st: _shifted_lognorm(st, {0.5: 0.06, 0.99: 0.4, 0.999: 2.0}),
-                                             {0.5: 0.06, 0.99: 0.4, 0.999: 2.0}),
+    "lognormal:p50=60ms,p99=400ms,p999=2s": (
+        lambda st: _shifted_lognorm(st, {0.5: 0.06, 0.99: 0.4, 0.999: 2.0}),
+        {0.5: 0.06, 0.99: 0.4, 0.999: 2.0},
+    ),
     "pareto:p50=60ms,p99=400ms": (lambda st: _pareto(st, 0.06, 0.5, 0.4, 0.99), {0.5: 0.06, 0.99: 0.4}),
     "pareto:p50=60ms,p99=400ms,p999=700ms": (
-        lambda st: _shifted_pareto(st, {0.5: 0.06, 0.99: 0.4, 0.999: 0.7}), {0.5: 0.06, 0.99: 0.4, 0.999: 0.7}),
+        lambda st: _shifted_pareto(st, {0.5: 0.06, 0.99: 0.4, 0.999: 0.7}),
+        {0.5: 0.06, 0.99: 0.4, 0.999: 0.7},
+    ),
 }
 
 
@@ -131,8 +143,7 @@ def test_const_and_trace(tmp_path, scipy_stats):
     for q in (0.0, 0.1, 0.5, 0.99, 0.999, 1.0):
         assert s.quantile(q) == pytest.approx(np.quantile(srt, q, method="linear"), rel=1e-9)
     assert xs.min() >= srt[0] and xs.max() <= srt[-1]
-    assert s.mean() == pytest.approx(np.trapezoid(np.quantile(srt, np.linspace(0, 1, 200001)),
-                                                  dx=1 / 200000), rel=1e-4)
+    assert s.mean() == pytest.approx(np.trapezoid(np.quantile(srt, np.linspace(0, 1, 200001)), dx=1 / 200000), rel=1e-4)
 
 
 @pytest.mark.parametrize("spec", ["exp:p99=400ms", "lognormal:p50=60ms,p99=400ms", "pareto:p50=60ms,p99=400ms"])
@@ -171,7 +182,11 @@ def test_philox_known_answers():
     assert _C._philox4x32([0, 0, 0, 0], [0, 0]) == [0x6627E8D5, 0xE169C58D, 0xBC57AC4C, 0x9B00DBD8]
     assert _C._philox4x32([0xFFFFFFFF] * 4, [0xFFFFFFFF] * 2) == [0x408F276D, 0x41C83B0E, 0xA20BC7C6, 0x6D5451FD]
     assert _C._philox4x32([0x243F6A88, 0x85A308D3, 0x13198A2E, 0x03707344], [0xA4093822, 0x299F31D0]) == [
-        0xD16CFE09, 0x94FDCCEB, 0x5001E420, 0x24126EA1]
+        0xD16CFE09,
+        0x94FDCCEB,
+        0x5001E420,
+        0x24126EA1,
+    ]
 
 
 def test_a_draw_is_a_pure_function_of_seed_rank_stream_seq():
@@ -188,8 +203,10 @@ def _digest(seed, rank):
 
 
 def test_same_seed_same_schedule_in_another_process():
-    code = ("import hashlib, delaycomm; x = delaycomm.DelaySampler('exp:p99=400ms', seed=42, rank=1)"
-            ".sample_many(10000); print(hashlib.sha256(x.tobytes()).hexdigest())")
+    code = (
+        "import hashlib, delaycomm; x = delaycomm.DelaySampler('exp:p99=400ms', seed=42, rank=1)"
+        ".sample_many(10000); print(hashlib.sha256(x.tobytes()).hexdigest())"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == _digest(42, 1)
 

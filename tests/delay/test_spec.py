@@ -43,8 +43,19 @@ def test_percentile_keys_mean_what_they_say():
     assert _C.DelaySampler("exp:p5=1s").quantile(0.5) == pytest.approx(1.0, rel=1e-12)
 
 
-@pytest.mark.parametrize("text,seconds", [("1ns", 1e-9), ("2.5us", 2.5e-6), ("2.5\u00b5s", 2.5e-6), ("40ms", 0.04),
-                                          ("3s", 3.0), ("1e3ms", 1.0), (" 7 ms ", 0.007), ("+1s", 1.0)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("1ns", 1e-9),
+        ("2.5us", 2.5e-6),
+        ("2.5\u00b5s", 2.5e-6),
+        ("40ms", 0.04),
+        ("3s", 3.0),
+        ("1e3ms", 1.0),
+        (" 7 ms ", 0.007),
+        ("+1s", 1.0),
+    ],
+)
 def test_durations(text, seconds):
     assert _C.parse_duration(text) == pytest.approx(seconds, rel=1e-12)
 
@@ -58,8 +69,11 @@ BAD = [
     ("exp:p99=nanms", r"is not a number with a unit"),
     ("exp:p99=infms", r"is not a number with a unit"),
     ("exp:p99=1e999s", r"value of 'p99' '1e999s' is out of range \(a delay is 0 or from 1ns to 86400s, 24 hours\)"),
-    ("exp:p99=86401s", r"value of 'p99' '86401s' is longer than 86400s \(a delay is 0 or from 1ns to 86400s, 24 "
-                       r"hours\)"),
+    (
+        "exp:p99=86401s",
+        r"value of 'p99' '86401s' is longer than 86400s \(a delay is 0 or from 1ns to 86400s, 24 "
+        r"hours\)",
+    ),
     ("const:1e300ms", r"const duration '1e300ms' is longer than 86400s"),
     ("pareto:p50=1ns,p99=1e300s", r"value of 'p99' '1e300s' is longer than 86400s"),
     ("exp:mean=0.5ns", r"value of 'mean' '0.5ns' is shorter than 1ns \(a delay is 0 or from 1ns to 86400s"),
@@ -92,9 +106,11 @@ def test_bad_specs_say_what_is_wrong_and_what_is_accepted(spec, message):
     text = str(e.value)
     assert text.startswith(f"delaycomm: invalid delay spec '{spec}': ")
     if "no lognormal" not in text and "no generalised Pareto" not in text:
-        assert text.endswith("; expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, "
-                             "lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE "
-                             "(durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)")
+        assert text.endswith(
+            "; expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, "
+            "lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE "
+            "(durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)"
+        )
 
 
 def test_bad_spec_through_the_option_keeps_the_cause_once():
@@ -104,17 +120,35 @@ def test_bad_spec_through_the_option_keeps_the_cause_once():
         "delaycomm: invalid value 'exp:p99=400' for option 'delay' from the keyword delay= of DelayConfig: value of "
         "'p99' '400' has no unit (expected one of ns, us, ms, s, e.g. 50ms); expected a delay spec: none, const:50ms, "
         "exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms"
-        "[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)")
+        "[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)"
+    )
 
 
-@pytest.mark.parametrize("text,seconds", [("86400s", 86400.0), ("86400000ms", 86400.0), ("1ns", 1e-9),
-                                          ("0.001us", 1e-9), ("1e-9s", 1e-9), ("0s", 0.0), ("0ns", 0.0)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("86400s", 86400.0),
+        ("86400000ms", 86400.0),
+        ("1ns", 1e-9),
+        ("0.001us", 1e-9),
+        ("1e-9s", 1e-9),
+        ("0s", 0.0),
+        ("0ns", 0.0),
+    ],
+)
 def test_durations_at_the_bounds(text, seconds):
     assert _C.parse_duration(text) == pytest.approx(seconds, rel=1e-12)
 
 
-@pytest.mark.parametrize("text,why", [("86401s", "is longer than 86400s"), ("1e19ns", "is longer than 86400s"),
-                                      ("0.9ns", "is shorter than 1ns"), ("1e-300s", "is shorter than 1ns")])
+@pytest.mark.parametrize(
+    "text,why",
+    [
+        ("86401s", "is longer than 86400s"),
+        ("1e19ns", "is longer than 86400s"),
+        ("0.9ns", "is shorter than 1ns"),
+        ("1e-300s", "is shorter than 1ns"),
+    ],
+)
 def test_durations_out_of_bounds(text, why):
     with pytest.raises(ValueError) as e:
         _C.parse_duration(text)
@@ -168,16 +202,19 @@ def test_trace_file_format(tmp_path):
     assert s.quantile(0.0) == pytest.approx(0.0008) and s.quantile(1.0) == pytest.approx(1.5)
 
 
-@pytest.mark.parametrize("text,message", [
-    ("", r"has no latencies"),
-    ("# only comments\n\n", r"has no latencies"),
-    ("1ms\n2ms\n-3ms\n", r"line 3: '-3ms' is negative"),
-    ("1ms\nnan\n", r"line 2: 'nan' is not a number with a unit"),
-    ("1ms\nNaNms\n", r"line 2: 'NaNms' is not a number with a unit"),
-    ("1ms\n\n# c\n12\n", r"line 4: '12' has no unit"),
-    ("1ms\n5 furlongs\n", r"line 2: '5 furlongs' has an unknown unit 'furlongs'"),
-    ("1ms,2ms\n", r"line 1: '1ms,2ms' has an unknown unit"),
-])
+@pytest.mark.parametrize(
+    "text,message",
+    [
+        ("", r"has no latencies"),
+        ("# only comments\n\n", r"has no latencies"),
+        ("1ms\n2ms\n-3ms\n", r"line 3: '-3ms' is negative"),
+        ("1ms\nnan\n", r"line 2: 'nan' is not a number with a unit"),
+        ("1ms\nNaNms\n", r"line 2: 'NaNms' is not a number with a unit"),
+        ("1ms\n\n# c\n12\n", r"line 4: '12' has no unit"),
+        ("1ms\n5 furlongs\n", r"line 2: '5 furlongs' has an unknown unit 'furlongs'"),
+        ("1ms,2ms\n", r"line 1: '1ms,2ms' has an unknown unit"),
+    ],
+)
 def test_malformed_trace_files_name_the_line(tmp_path, text, message):
     path = _write(tmp_path, text)
     with pytest.raises(ValueError, match=message) as e:
@@ -191,22 +228,29 @@ def test_missing_trace_file(tmp_path):
     path = f"{tmp_path}/nope.txt"
     with pytest.raises(ValueError) as e:
         _C.parse_delay_spec(f"trace:{path}")
-    assert str(e.value) == (f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' cannot be opened: No "
-                            "such file or directory (expected a readable regular file)")
+    assert str(e.value) == (
+        f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' cannot be opened: No "
+        "such file or directory (expected a readable regular file)"
+    )
 
 
-_TRACE_FORMAT = ("expected one latency per line with a unit (ns, us, ms, s) such as 12.5ms; blank lines and lines "
-                 "starting with # are ignored")
+_TRACE_FORMAT = (
+    "expected one latency per line with a unit (ns, us, ms, s) such as 12.5ms; blank lines and lines "
+    "starting with # are ignored"
+)
 
 
-@pytest.mark.parametrize("data,where", [
-    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "line 1 is not text: byte 0x89 at column 1 (a binary file?)"),
-    (b"1ms\n2ms\n\x00\x01\x02\n", "line 3 is not text: byte 0x00 at column 1 (a binary file?)"),
-    (b"1ms\n12\xffms\n", "line 2 is not text: byte 0xff at column 3 (a binary file?)"),
-    (b"# caf\xc3\xa9 latencies\n1ms\n\x1b[0m\n", "line 3 is not text: byte 0x1b at column 1 (a binary file?)"),
-    (b"1ms\n1e300s\n", "line 2: '1e300s' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours)"),
-    (b"1ms\n5e12ms\n", "line 2: '5e12ms' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours)"),
-])
+@pytest.mark.parametrize(
+    "data,where",
+    [
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "line 1 is not text: byte 0x89 at column 1 (a binary file?)"),
+        (b"1ms\n2ms\n\x00\x01\x02\n", "line 3 is not text: byte 0x00 at column 1 (a binary file?)"),
+        (b"1ms\n12\xffms\n", "line 2 is not text: byte 0xff at column 3 (a binary file?)"),
+        (b"# caf\xc3\xa9 latencies\n1ms\n\x1b[0m\n", "line 3 is not text: byte 0x1b at column 1 (a binary file?)"),
+        (b"1ms\n1e300s\n", "line 2: '1e300s' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours)"),
+        (b"1ms\n5e12ms\n", "line 2: '5e12ms' is longer than 86400s (a delay is 0 or from 1ns to 86400s, 24 hours)"),
+    ],
+)
 def test_binary_or_out_of_range_trace_names_the_first_bad_line(tmp_path, monkeypatch, data, where):
     # Binary content used to surface as a UTF-8 codec error; values past 4.6e12 ms were silently saturated.
     # NOTE: a relative path: messages quote at most 80 characters of a spec, and tmp_path's length varies.
@@ -232,8 +276,10 @@ def test_a_trace_larger_than_64_mib_is_refused_before_it_is_read(tmp_path, monke
         f.truncate((64 << 20) + 1)  # sparse: no disk used
     with pytest.raises(ValueError) as e:
         _C.parse_delay_spec(f"trace:{path}")
-    assert str(e.value) == (f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' has 67108865 bytes, "
-                            "more than the limit of 64 MiB")
+    assert str(e.value) == (
+        f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' has 67108865 bytes, "
+        "more than the limit of 64 MiB"
+    )
 
 
 _PARSE_IN_CHILD = """
@@ -264,10 +310,12 @@ def test_only_regular_files_are_read(tmp_path, monkeypatch, kind):
         os.mkdir(path)
     else:
         path, what = kind, "a character device"
-    proc = subprocess.run([sys.executable, "-c", _PARSE_IN_CHILD, f"trace:{path}"], capture_output=True, text=True,
-                          timeout=60)
-    assert proc.stdout.strip() == (f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' is {what} "
-                                   "(expected a regular file)"), proc.stderr[-2000:]
+    proc = subprocess.run(
+        [sys.executable, "-c", _PARSE_IN_CHILD, f"trace:{path}"], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.strip() == (
+        f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' is {what} (expected a regular file)"
+    ), proc.stderr[-2000:]
 
 
 def test_trace_digest_is_the_content_not_the_path(tmp_path):
@@ -298,11 +346,26 @@ def test_creator_fills_the_native_options_and_warns_when_the_tail_passes_the_tim
     from delaycomm._backend import _fill_delay_options
     from delaycomm._config import resolve
 
-    cfg = resolve(delaycomm.DelayConfig(delay="exp:p99=10s", delay_ranks="1", delay_ops="all_reduce,broadcast",
-                                        delay_where="host", seed=3, slowdown="1:4x"), env={})
+    cfg = resolve(
+        delaycomm.DelayConfig(
+            delay="exp:p99=10s",
+            delay_ranks="1",
+            delay_ops="all_reduce,broadcast",
+            delay_where="host",
+            seed=3,
+            slowdown="1:4x",
+        ),
+        env={},
+    )
     native = _C.BackendOptions()
     with pytest.warns(RuntimeWarning, match=r"has a P99.99 of 20.000 s, longer than the group's timeout of 5 s"):
         _fill_delay_options(native, cfg, 1, timedelta(seconds=5))
-    assert (native.delay, native.delay_fraction, native.delay_ranks, native.delay_ops, native.delay_where,
-            native.seed, native.slowdown) == ("exp:p99=10s", 0.3, [1], [_C.OpKind.allreduce, _C.OpKind.broadcast],
-                                              _C.DelayWhere.HOST, 3, 4.0)
+    assert (
+        native.delay,
+        native.delay_fraction,
+        native.delay_ranks,
+        native.delay_ops,
+        native.delay_where,
+        native.seed,
+        native.slowdown,
+    ) == ("exp:p99=10s", 0.3, [1], [_C.OpKind.allreduce, _C.OpKind.broadcast], _C.DelayWhere.HOST, 3, 4.0)

@@ -39,23 +39,28 @@ def _assert_peer_timed_out(r: dict) -> None:
 
 def test_host_delay_longer_than_the_timeout_fails_every_waiting_rank_in_time():
     r0, r1 = spawn(w.host_delay_timeout, 2, timeout=100, timeout_s=TIMEOUT_S)
-    _assert_delaycomm_timeout(r0, "allreduce (sequence number 1): the call ",
-                              "held back on the calling thread by an injected delay of 30000 ms (delay_where=host)")
+    _assert_delaycomm_timeout(
+        r0,
+        "allreduce (sequence number 1): the call ",
+        "held back on the calling thread by an injected delay of 30000 ms (delay_where=host)",
+    )
     _assert_peer_timed_out(r1)
 
 
 def test_slowdown_longer_than_the_timeout_fails_every_waiting_rank_in_time():
     r0, r1 = spawn(w.slowdown_timeout, 2, timeout=100, timeout_s=TIMEOUT_S)
-    _assert_delaycomm_timeout(r0, "allreduce (sequence number 2): the call ",
-                              "held back by the compute slowdown of 1000x")
+    _assert_delaycomm_timeout(
+        r0, "allreduce (sequence number 2): the call ", "held back by the compute slowdown of 1000x"
+    )
     assert r0["slowdown_calls"] == 0  # the cut-short sleep is an error, not a slowdown sample
     _assert_peer_timed_out(r1)
 
 
 def test_future_of_a_held_back_op_fails_at_the_timeout():
     r0, r1 = spawn(w.future_timeout, 2, timeout=100, timeout_s=TIMEOUT_S)
-    _assert_delaycomm_timeout(r0, "allreduce (sequence number 1): the op ",
-                              "held back by an injected delay of 30000 ms")
+    _assert_delaycomm_timeout(
+        r0, "allreduce (sequence number 1): the op ", "held back by an injected delay of 30000 ms"
+    )
     assert r0["completed"]  # the work reports the failure too
     _assert_peer_timed_out(r1)
 
@@ -79,7 +84,9 @@ def test_destroy_with_held_ops_is_fast_issues_them_and_fails_blocked_calls_clear
     assert not r0["blocked_thread_alive"], r0
     b = r0["blocked"]
     assert b["kind"] == "DistBackendError", b
-    assert b["msg"] == ("delaycomm: allreduce (sequence number 1): the group was shut down (destroy_process_group "
-                        "or abort) while this call was held back on the calling thread by an injected delay of "
-                        "30000 ms (delay_where=host); the op was not issued"), b
+    assert b["msg"] == (
+        "delaycomm: allreduce (sequence number 1): the group was shut down (destroy_process_group "
+        "or abort) while this call was held back on the calling thread by an injected delay of "
+        "30000 ms (delay_where=host); the op was not issued"
+    ), b
     assert b["elapsed"] < 5.0, b

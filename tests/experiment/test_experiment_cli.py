@@ -28,11 +28,16 @@ BAD = [
     (["--seed", "-3"], "argument --seed: -3 is too small; expected an integer in [0, 2^63)"),
     (["--timeout", "-1"], "argument --timeout: -1 is out of range; expected a finite number > 0"),
     (["--step-ms", "0"], "argument --step-ms: 0 is out of range; expected a finite number > 0"),
-    (["--delay", "none"], "argument --delay: expected a delay distribution for the delayed configs, got 'none'; to "
-                          "compare without delay, run --configs gloo,bsp"),
+    (
+        ["--delay", "none"],
+        "argument --delay: expected a delay distribution for the delayed configs, got 'none'; to "
+        "compare without delay, run --configs gloo,bsp",
+    ),
     (["--plot", "out.txt"], "argument --plot: 'out.txt': expected a file name ending in .png, .pdf, .svg"),
-    (["--json", "/no/such/dir/x.json"], "argument --json: '/no/such/dir/x.json': directory '/no/such/dir' does not "
-                                        "exist"),
+    (
+        ["--json", "/no/such/dir/x.json"],
+        "argument --json: '/no/such/dir/x.json': directory '/no/such/dir' does not exist",
+    ),
     (["--frobnicate"], "unrecognized arguments: --frobnicate"),
 ]
 
@@ -57,8 +62,10 @@ def test_bad_delay_spec_names_the_flag_and_the_option(spec):
 def test_main_exits_2_with_the_message_on_stderr(capsys):
     assert main(["--model", "resnet"]) == 2
     err = capsys.readouterr().err
-    assert err == ("python -m delaycomm.experiment: error: argument --model: invalid choice: 'resnet' (choose from "
-                   "'mlp', 'logreg')\n")
+    assert err == (
+        "python -m delaycomm.experiment: error: argument --model: invalid choice: 'resnet' (choose from "
+        "'mlp', 'logreg')\n"
+    )
 
 
 def test_batch_larger_than_a_shard_is_refused_before_training(capsys):
@@ -67,7 +74,8 @@ def test_batch_larger_than_a_shard_is_refused_before_training(capsys):
     assert main(["--batch-size", "719", "--configs", "bsp", "--no-progress"]) == 2
     assert capsys.readouterr().err == (
         "python -m delaycomm.experiment: error: argument --batch-size: expected at most 718 (the 1437 training samples "
-        "split over 2 ranks), got 719\n")
+        "split over 2 ranks), got 719\n"
+    )
 
 
 def test_defaults_and_quick():

@@ -23,15 +23,18 @@ def test_every_config_is_a_valid_delayconfig():
         delaycomm.DelayConfig(**resolved_options(c, "exp:p99=40ms", 3))
 
 
-@pytest.mark.parametrize("name,expected", [
-    ("gloo", {}),
-    ("bsp", {"seed": 3}),
-    ("bsp-delay", {"seed": 3, "delay": "const:5ms"}),
-    ("straggler", {"seed": 3, "slowdown": "0:4x"}),
-    ("ssp2-ema", {"seed": 3, "delay": "const:5ms", "staleness": "ssp:2", "stale_policy": "ema"}),
-    ("asp-apply", {"seed": 3, "delay": "const:5ms", "staleness": "asp", "stale_policy": "apply"}),
-    ("asp-drop", {"seed": 3, "delay": "const:5ms", "staleness": "asp", "stale_policy": "drop"}),
-])
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("gloo", {}),
+        ("bsp", {"seed": 3}),
+        ("bsp-delay", {"seed": 3, "delay": "const:5ms"}),
+        ("straggler", {"seed": 3, "slowdown": "0:4x"}),
+        ("ssp2-ema", {"seed": 3, "delay": "const:5ms", "staleness": "ssp:2", "stale_policy": "ema"}),
+        ("asp-apply", {"seed": 3, "delay": "const:5ms", "staleness": "asp", "stale_policy": "apply"}),
+        ("asp-drop", {"seed": 3, "delay": "const:5ms", "staleness": "asp", "stale_policy": "drop"}),
+    ],
+)
 def test_resolved_options(name, expected):
     assert resolved_options(BY_NAME[name], "const:5ms", 3) == expected
 
@@ -49,8 +52,11 @@ def test_select_keeps_the_given_order():
 
 
 def _stats(delayed=0, steps=0, slowed=0, stale=0, dropped=0):
-    return {"ops": {"allreduce": {"calls": 10, "delayed_calls": delayed}},
-            "staleness": {"steps": steps, "stale": stale, "dropped": dropped}, "slowdown": {"calls": slowed}}
+    return {
+        "ops": {"allreduce": {"calls": 10, "delayed_calls": delayed}},
+        "staleness": {"steps": steps, "stale": stale, "dropped": dropped},
+        "slowdown": {"calls": slowed},
+    }
 
 
 EFFECTS = [
@@ -58,19 +64,25 @@ EFFECTS = [
     ("gloo", [{}, {}], []),
     ("bsp", [_stats(), _stats()], []),
     ("bsp-delay", [_stats(delayed=0), _stats(delayed=3)], []),
-    ("bsp-delay", [_stats(), _stats()],
-     ["delay='exp:p99=40ms' was set but no rank recorded a delayed call"]),
+    ("bsp-delay", [_stats(), _stats()], ["delay='exp:p99=40ms' was set but no rank recorded a delayed call"]),
     ("straggler", [_stats(slowed=9), _stats()], []),
-    ("straggler", [{"ops": {}}, {"ops": {}}],
-     ["slowdown='0:4x' was set but no rank recorded a slowed call"]),
+    ("straggler", [{"ops": {}}, {"ops": {}}], ["slowdown='0:4x' was set but no rank recorded a slowed call"]),
     ("ssp2-ema", [_stats(steps=5, stale=2), _stats(steps=5, stale=2)], []),
     ("asp-drop", [_stats(steps=5, dropped=1), _stats(steps=5, dropped=1)], []),
     # delayed calls are no evidence under ssp/asp: the schedule's delays must show up as late contributions
-    ("asp-apply", [_stats(delayed=4, steps=5), _stats(delayed=4, steps=5)],
-     ["delay='exp:p99=40ms' was set but no contribution arrived late"]),
-    ("ssp2-ema", [_stats(), _stats()],
-     ["delay='exp:p99=40ms' was set but no contribution arrived late",
-      "staleness='ssp:2' was set but the staleness engine recorded no step"]),
+    (
+        "asp-apply",
+        [_stats(delayed=4, steps=5), _stats(delayed=4, steps=5)],
+        ["delay='exp:p99=40ms' was set but no contribution arrived late"],
+    ),
+    (
+        "ssp2-ema",
+        [_stats(), _stats()],
+        [
+            "delay='exp:p99=40ms' was set but no contribution arrived late",
+            "staleness='ssp:2' was set but the staleness engine recorded no step",
+        ],
+    ),
 ]
 
 

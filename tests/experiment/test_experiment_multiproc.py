@@ -79,8 +79,18 @@ def test_quick_configs_differ_only_in_communication(quick):
 
 
 def _hyper(**kw):
-    base = dict(model="mlp", epochs=1, batch_size=32, lr=0.05, momentum=0.9, seed=0, nproc=2,
-                delay="exp:p99=40ms", budget_s=None, timeout_s=120.0)
+    base = dict(
+        model="mlp",
+        epochs=1,
+        batch_size=32,
+        lr=0.05,
+        momentum=0.9,
+        seed=0,
+        nproc=2,
+        delay="exp:p99=40ms",
+        budget_s=None,
+        timeout_s=120.0,
+    )
     base.update(kw)
     return Hyper(**base)
 
@@ -101,7 +111,8 @@ def test_value_error_at_init_is_reported_as_unavailable(runner, data):
     run = runner.run(bad, _hyper(), data, lambda n: None)
     assert run["status"] == "unavailable"
     assert run["message"].startswith(
-        "not available in this build: delaycomm: invalid value [5] for option 'delay_ranks'"), run["message"]
+        "not available in this build: delaycomm: invalid value [5] for option 'delay_ranks'"
+    ), run["message"]
     assert run["ranks"] == []
 
 

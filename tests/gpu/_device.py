@@ -41,8 +41,11 @@ def save_evidence(name: str, data: Any) -> None:
 def child_env(**extra: str | None) -> dict[str, str]:
     """This environment as a clean user's (no DELAYCOMM_*, NCCL_* or TORCH_DEVICE_BACKEND_AUTOLOAD: torch loads the
     delaycomm backend through its entry point), plus ``extra`` (None removes a key)."""
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("DELAYCOMM_", "NCCL_")) and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("DELAYCOMM_", "NCCL_")) and k != "TORCH_DEVICE_BACKEND_AUTOLOAD"
+    }
     env.setdefault("OMP_NUM_THREADS", "1")
     for k, v in extra.items():
         if v is None:
@@ -56,8 +59,9 @@ def run_python(args: list[str], env: dict[str, str], timeout: float) -> subproce
     """Run this Python with ``args`` in the repository root; fail the test with its output unless it exits 0."""
     cmd = [sys.executable, *args]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
-    assert proc.returncode == 0, f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n" \
-                                 f"{proc.stderr[-5000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    )
     return proc
 
 
@@ -65,4 +69,4 @@ def json_line(text: str, tag: str = "JSON") -> dict[str, Any]:
     """The JSON object printed on the last line starting with ``tag``."""
     lines = [ln for ln in text.splitlines() if ln.startswith(tag)]
     assert lines, f"no {tag} line in the output:\n{text[-3000:]}"
-    return json.loads(lines[-1][len(tag):])
+    return json.loads(lines[-1][len(tag) :])

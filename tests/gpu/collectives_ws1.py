@@ -28,7 +28,7 @@ N = 13  # odd: no vector width divides it
 
 
 def data(device, salt=0, n=N):
-    return (torch.arange(n, dtype=torch.float32, device=device) + 1 + 100 * salt)
+    return torch.arange(n, dtype=torch.float32, device=device) + 1 + 100 * salt
 
 
 def _wait(work, async_op):
@@ -51,6 +51,7 @@ def c_all_reduce(op):
         t = data(d)
         _wait(dist.all_reduce(t, op=op, group=g, async_op=a), a)
         return torch.equal(t, data(d))
+
     return fn
 
 
@@ -111,8 +112,7 @@ def c_all_to_all_single(d, g, a):
 
 def c_all_to_all_single_splits(d, g, a):
     out = torch.zeros(N, device=d)
-    _wait(dist.all_to_all_single(out, data(d), output_split_sizes=[N], input_split_sizes=[N], group=g,
-                                 async_op=a), a)
+    _wait(dist.all_to_all_single(out, data(d), output_split_sizes=[N], input_split_sizes=[N], group=g, async_op=a), a)
     return torch.equal(out, data(d))
 
 
@@ -197,11 +197,16 @@ def main() -> int:
         torch.cuda.set_device(0)
     dist.init_process_group("delaycomm", init_method=f"file://{tmp}/store", rank=0, world_size=1, **kw)
     g = dist.group.WORLD
-    out = {"device": d, "backend": type(g._get_backend(torch.device(d))).__name__, "cases": {}, "errors": {},
-           "nccl_settings": delaycomm.nccl_settings() if d == "cuda" else None}
+    out = {
+        "device": d,
+        "backend": type(g._get_backend(torch.device(d))).__name__,
+        "cases": {},
+        "errors": {},
+        "nccl_settings": delaycomm.nccl_settings() if d == "cuda" else None,
+    }
     made: dict[str, int] = {}
     for name, op, calls, fn in CASES:
-        for a in ((True,) if name in ONLY_ASYNC else (False, True)):
+        for a in (True,) if name in ONLY_ASYNC else (False, True):
             key = f"{name} async_op={a}"
             try:
                 ok = bool(fn(d, g, a))
@@ -221,8 +226,9 @@ def main() -> int:
     out["calls_made"] = made
     # Every call made is counted under its op (coalesced windows are counted under their own ops; checked for
     # presence only: how a window is split into ops is the inner backend's business).
-    out["uncounted"] = {op: [n, st.get(op, {}).get("calls", 0)] for op, n in made.items()
-                        if st.get(op, {}).get("calls", 0) != n}
+    out["uncounted"] = {
+        op: [n, st.get(op, {}).get("calls", 0)] for op, n in made.items() if st.get(op, {}).get("calls", 0) != n
+    }
     out["ok"] = all(out["cases"].values()) and not out["uncounted"]
     print("JSON" + json.dumps(out))
     dist.destroy_process_group()

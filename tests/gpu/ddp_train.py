@@ -50,10 +50,21 @@ def main() -> None:
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     if rank == 0:
-        print("JSON" + json.dumps({
-            "losses": [float(v) for v in losses], "param_sum": float(sum(p.double().sum() for p in model.parameters())),
-            "elapsed_s": elapsed, "steps": args.steps, "world_size": dist.get_world_size(),
-            "backend": args.backend, "device": args.device}), flush=True)
+        print(
+            "JSON"
+            + json.dumps(
+                {
+                    "losses": [float(v) for v in losses],
+                    "param_sum": float(sum(p.double().sum() for p in model.parameters())),
+                    "elapsed_s": elapsed,
+                    "steps": args.steps,
+                    "world_size": dist.get_world_size(),
+                    "backend": args.backend,
+                    "device": args.device,
+                }
+            ),
+            flush=True,
+        )
     dist.destroy_process_group()
 
 

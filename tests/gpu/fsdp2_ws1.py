@@ -72,11 +72,21 @@ def main() -> None:
     for v in flushed.values():
         total_out += v.double()
     rank = dist.get_rank()
-    err = (total_out - total_in[rank * shard:(rank + 1) * shard]).abs().max().item()
+    err = (total_out - total_in[rank * shard : (rank + 1) * shard]).abs().max().item()
     if args.device == "cuda":
         torch.cuda.synchronize()
-    print("JSON" + json.dumps({"losses": [float(v) for v in losses], "conservation_error": err,
-                               "flushed": len(flushed), "stats": delaycomm.stats(dist.group.WORLD)}), flush=True)
+    print(
+        "JSON"
+        + json.dumps(
+            {
+                "losses": [float(v) for v in losses],
+                "conservation_error": err,
+                "flushed": len(flushed),
+                "stats": delaycomm.stats(dist.group.WORLD),
+            }
+        ),
+        flush=True,
+    )
     dist.destroy_process_group()
 
 

@@ -26,9 +26,24 @@ def _train(tmp_path, name: str, backend: str = "delaycomm", **delaycomm_env: str
     env = child_env(**delaycomm_env)
     if backend == "delaycomm":
         env["DELAYCOMM_STATS"] = str(stats)
-    proc = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                       "tests/gpu/ddp_train.py", "--backend", backend, "--device", DEVICE, "--steps", str(STEPS)],
-                      env, timeout=280)
+    proc = run_python(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            "tests/gpu/ddp_train.py",
+            "--backend",
+            backend,
+            "--device",
+            DEVICE,
+            "--steps",
+            str(STEPS),
+        ],
+        env,
+        timeout=280,
+    )
     out = json_line(proc.stdout)
     st = json.loads(stats.read_text()) if backend == "delaycomm" else None
     return out, st
@@ -39,10 +54,16 @@ def test_ddp_bsp_and_ssp2_ema_with_delay(tmp_path):
     raw_backend = "nccl" if DEVICE == "cuda" else "gloo"
     raw, _ = _train(tmp_path, "raw", backend=raw_backend)
     bsp, bsp_st = _train(tmp_path, "bsp", DELAYCOMM_DELAY=f"const:{DELAY_MS:g}ms")
-    ssp, ssp_st = _train(tmp_path, "ssp2", DELAYCOMM_DELAY=f"const:{DELAY_MS:g}ms", DELAYCOMM_STALENESS="ssp:2",
-                         DELAYCOMM_STALE_POLICY="ema")
-    save_evidence(f"ddp_{DEVICE}", {"raw": raw, "bsp": {"run": bsp, "stats": bsp_st},
-                                    "ssp2_ema": {"run": ssp, "stats": ssp_st}})
+    ssp, ssp_st = _train(
+        tmp_path,
+        "ssp2",
+        DELAYCOMM_DELAY=f"const:{DELAY_MS:g}ms",
+        DELAYCOMM_STALENESS="ssp:2",
+        DELAYCOMM_STALE_POLICY="ema",
+    )
+    save_evidence(
+        f"ddp_{DEVICE}", {"raw": raw, "bsp": {"run": bsp, "stats": bsp_st}, "ssp2_ema": {"run": ssp, "stats": ssp_st}}
+    )
 
     # bsp: a delay changes time, never the arithmetic
     assert bsp["losses"] == raw["losses"] and bsp["param_sum"] == raw["param_sum"]

@@ -19,10 +19,29 @@ STEPS = 40
 @pytest.mark.timeout(300)
 def test_fsdp2_trains_and_its_reduce_scatter_goes_stale_on_the_device():
     # step_ms pinned (10 ms, a 20 ms delay is 2 steps late): this checks the device path, not calibration.
-    env = child_env(DELAYCOMM_DELAY="const:20ms", DELAYCOMM_DELAY_FRACTION="0.3", DELAYCOMM_STALENESS="ssp:2",
-                    DELAYCOMM_STALE_POLICY="apply", DELAYCOMM_STEP_MS="10")
-    proc = run_python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-                       "tests/gpu/fsdp2_ws1.py", "--device", DEVICE, "--steps", str(STEPS)], env, timeout=280)
+    env = child_env(
+        DELAYCOMM_DELAY="const:20ms",
+        DELAYCOMM_DELAY_FRACTION="0.3",
+        DELAYCOMM_STALENESS="ssp:2",
+        DELAYCOMM_STALE_POLICY="apply",
+        DELAYCOMM_STEP_MS="10",
+    )
+    proc = run_python(
+        [
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "1",
+            "tests/gpu/fsdp2_ws1.py",
+            "--device",
+            DEVICE,
+            "--steps",
+            str(STEPS),
+        ],
+        env,
+        timeout=280,
+    )
     out = json_line(proc.stdout)
     save_evidence(f"fsdp2_{DEVICE}", out)
 

@@ -58,6 +58,7 @@ print("JSON" + json.dumps(out), flush=True)
 dist.destroy_process_group()
 """
 
+
 def _run_script(**env):
     proc = run_python(["-c", SCRIPT], child_env(NCCL_DEBUG="INFO", NCCL_DEBUG_SUBSYS="INIT,ENV", **env), timeout=300)
     return json_line(proc.stdout), nccl_lines(proc.stdout + "\n" + proc.stderr)

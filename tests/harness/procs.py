@@ -29,8 +29,16 @@ __all__ = ["run_procs", "run_cli", "free_port", "start_fork_server", "PRELOAD"]
 
 # What the fork server imports once. NOTE: DDP and FSDP import torch._dynamo and friends the first time they are
 # used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
-PRELOAD = ["torch", "torch.distributed", "delaycomm", "torch.nn.parallel", "torch._dynamo",
-           "torch.distributed._functional_collectives", "torch.distributed.fsdp", "torch.distributed.tensor"]
+PRELOAD = [
+    "torch",
+    "torch.distributed",
+    "delaycomm",
+    "torch.nn.parallel",
+    "torch._dynamo",
+    "torch.distributed._functional_collectives",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+]
 
 _context = None
 # After a rank fails, how long the others get to report before they are stopped.
@@ -77,8 +85,14 @@ def _entry(fn, rank: int, world_size: int, env: dict[str, str], results, args: t
         results.join_thread()
 
 
-def run_procs(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: float = 60.0,
-              env: dict[str, str] | None = None, expect_exit: dict[int, int] | None = None) -> list[Any]:
+def run_procs(
+    fn: Callable[..., Any],
+    world_size: int = 2,
+    *args: Any,
+    timeout: float = 60.0,
+    env: dict[str, str] | None = None,
+    expect_exit: dict[int, int] | None = None,
+) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return the results by rank.
 
     Args:
@@ -99,16 +113,23 @@ def run_procs(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: 
     expect_exit = dict(expect_exit or {})
     store = dist.TCPStore("127.0.0.1", 0, world_size, True, timedelta(seconds=timeout), wait_for_workers=False)
     rank_env = dict(os.environ)
-    rank_env.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "WORLD_SIZE": str(world_size),
-                     "TORCHELASTIC_USE_AGENT_STORE": "True", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS",
-                                                                                              "1")})
+    rank_env.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(store.port),
+            "WORLD_SIZE": str(world_size),
+            "TORCHELASTIC_USE_AGENT_STORE": "True",
+            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        }
+    )
     rank_env.update(env or {})
     results = ctx.Queue()
     procs = []
     for r in range(world_size):
         e = dict(rank_env, RANK=str(r), LOCAL_RANK=str(r))
-        procs.append(ctx.Process(target=_entry, args=(fn, r, world_size, e, results, args),
-                                 name=f"rank{r}", daemon=True))
+        procs.append(
+            ctx.Process(target=_entry, args=(fn, r, world_size, e, results, args), name=f"rank{r}", daemon=True)
+        )
     reports: dict[int, tuple[str, Any]] = {}
     deadline = time.monotonic() + timeout
     try:
@@ -153,21 +174,27 @@ def run_procs(fn: Callable[..., Any], world_size: int = 2, *args: Any, timeout: 
         status, value = reports.get(r, (None, None))
         if r in expect_exit:
             if p.exitcode != expect_exit[r]:
-                problems.append(f"--- rank {r}: expected to exit with code {expect_exit[r]}, "
-                                f"got {_describe_exit(p.exitcode)}" + (f"; it reported:\n{value}" if status else ""))
+                problems.append(
+                    f"--- rank {r}: expected to exit with code {expect_exit[r]}, "
+                    f"got {_describe_exit(p.exitcode)}" + (f"; it reported:\n{value}" if status else "")
+                )
             continue
         if status == "err":
             problems.append(f"--- rank {r} raised:\n{value}")
         elif r in killed:
-            problems.append(f"--- rank {r}: " + ("reported, then " if status else "no report, ")
-                            + "still running at the deadline or after another rank failed (killed)")
+            problems.append(
+                f"--- rank {r}: "
+                + ("reported, then " if status else "no report, ")
+                + "still running at the deadline or after another rank failed (killed)"
+            )
         elif status is None:
             problems.append(f"--- rank {r}: no report, {_describe_exit(p.exitcode)}")
         elif p.exitcode != 0:
             problems.append(f"--- rank {r}: reported a result but {_describe_exit(p.exitcode)}")
     if problems:
-        raise AssertionError(f"{len(problems)} of {world_size} rank(s) failed (timeout {timeout:g} s):\n"
-                             + "\n".join(problems))
+        raise AssertionError(
+            f"{len(problems)} of {world_size} rank(s) failed (timeout {timeout:g} s):\n" + "\n".join(problems)
+        )
     return [reports[r][1] if r not in expect_exit else None for r in range(world_size)]
 
 
@@ -188,8 +215,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_cli(argv: Sequence[str], timeout: float = 120.0, env: dict[str, str] | None = None,
-            cwd: str | None = None, module: str | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    argv: Sequence[str],
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+    module: str | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``python [-m module] argv`` in a fresh interpreter (the current one's), as a user runs it.
 
     Args:

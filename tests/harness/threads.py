@@ -127,8 +127,9 @@ class RankContext:
                 pass
 
 
-def run_threads(fn: Callable[[RankContext], Any], world_size: int = 2, timeout: float = 60.0,
-                group_timeout: float | None = None) -> list[Any]:
+def run_threads(
+    fn: Callable[[RankContext], Any], world_size: int = 2, timeout: float = 60.0, group_timeout: float | None = None
+) -> list[Any]:
     """Run ``fn(ctx)`` on ``world_size`` ranks (threads); return the results, by rank.
 
     Args:
@@ -146,8 +147,10 @@ def run_threads(fn: Callable[[RankContext], Any], world_size: int = 2, timeout: 
     run_name = f"t{next(_run_ids)}"
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=group_timeout or timeout))
-    ctxs = [RankContext(r, world_size, store, run_name, timedelta(seconds=group_timeout or timeout))
-            for r in range(world_size)]
+    ctxs = [
+        RankContext(r, world_size, store, run_name, timedelta(seconds=group_timeout or timeout))
+        for r in range(world_size)
+    ]
     results: dict[int, Any] = {}
     errors: dict[int, str] = {}
     done = threading.Condition()
@@ -181,8 +184,9 @@ def run_threads(fn: Callable[[RankContext], Any], world_size: int = 2, timeout: 
             done.wait(min(0.5, deadline - now))
     for t in threads:
         t.join(timeout=max(0.0, min(1.0, deadline - time.monotonic())))
-    stuck = {c.rank: t for c, t in zip(ctxs, threads) if t.is_alive() and c.rank not in results and
-             c.rank not in errors}
+    stuck = {
+        c.rank: t for c, t in zip(ctxs, threads) if t.is_alive() and c.rank not in results and c.rank not in errors
+    }
     if stuck:
         frames = sys._current_frames()
         for ctx in ctxs:
@@ -193,9 +197,13 @@ def run_threads(fn: Callable[[RankContext], Any], world_size: int = 2, timeout: 
         for r, t in sorted(stuck.items()):
             frame = frames.get(t.ident)
             where = "".join(traceback.format_stack(frame)) if frame is not None else "(no frame)\n"
-            parts.append(f"--- rank {r} still running after {'the grace period' if errors else f'{timeout:g} s'}, "
-                         f"in:\n{where}")
-        head = (f"{len(errors)} of {world_size} rank(s) failed" if errors
-                else f"ranks {sorted(stuck)} did not finish within {timeout:g} s (a hang)")
+            parts.append(
+                f"--- rank {r} still running after {'the grace period' if errors else f'{timeout:g} s'}, in:\n{where}"
+            )
+        head = (
+            f"{len(errors)} of {world_size} rank(s) failed"
+            if errors
+            else f"ranks {sorted(stuck)} did not finish within {timeout:g} s (a hang)"
+        )
         raise AssertionError(head + "\n" + "\n".join(parts))
     return [results[r] for r in range(world_size)]

@@ -24,8 +24,13 @@ CPU_PARALLEL_GRAIN = 1 << 16  # kCpuParallelGrain in Blend.hpp
 _has_cuda = torch.cuda.is_available() and bool(_C.cuda_compiled)
 DEVICES = [
     "cpu",
-    pytest.param("cuda", marks=[pytest.mark.gpu, pytest.mark.skipif(not _has_cuda, reason="needs a CUDA device and "
-                                                                     "a delaycomm built with CUDA")]),
+    pytest.param(
+        "cuda",
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(not _has_cuda, reason="needs a CUDA device and a delaycomm built with CUDA"),
+        ],
+    ),
 ]
 
 
@@ -62,11 +67,13 @@ def check_blend(out: torch.Tensor, grad0: torch.Tensor, a: float, stale: list[to
     worst = int(excess.argmax()) if excess.numel() else 0
     assert excess.numel() == 0 or excess.max() <= 0, (
         f"element {worst}: got {out.flatten()[worst].item()!r}, exact {exact.flatten()[worst].item()!r}, "
-        f"error {err.flatten()[worst].item():.3g} > bound {bound.flatten()[worst].item():.3g}")
+        f"error {err.flatten()[worst].item():.3g} > bound {bound.flatten()[worst].item():.3g}"
+    )
 
 
-def run_case(device: str, dtype: torch.dtype, n: int, a: float, num_stale: int, with_stash: bool, seed: int = 0,
-             offset: int = 0):
+def run_case(
+    device: str, dtype: torch.dtype, n: int, a: float, num_stale: int, with_stash: bool, seed: int = 0, offset: int = 0
+):
     gen = torch.Generator().manual_seed(seed)
     # `offset` elements into a larger buffer: pointers that are not 16-byte aligned (the CUDA scalar path).
     grad = randn(n + offset, dtype, device, gen)[offset:]
@@ -189,8 +196,9 @@ def test_stale_tensors_may_alias_each_other(device):
 
 
 def test_isa_knob_rejects_unknown_names():
-    with pytest.raises(ValueError, match=re.escape(
-            "delaycomm: setBlendCpuIsa: isa must be 'auto', 'baseline' or 'avx2', got 'sse9'")):
+    with pytest.raises(
+        ValueError, match=re.escape("delaycomm: setBlendCpuIsa: isa must be 'auto', 'baseline' or 'avx2', got 'sse9'")
+    ):
         _C._set_blend_cpu_isa("sse9")
     assert _C._blend_cpu_isa() in ("avx2", "baseline")
 
@@ -231,47 +239,120 @@ PREFIX = "delaycomm: fusedBlend: "
 def _bad_cases():
     f = torch.float32
     base = torch.zeros(40)
-    yield ("non-contiguous grad", lambda: (torch.zeros(4, 4).t(), [], [], None), ValueError,
-           "grad must be contiguous, got sizes [4, 4] and strides [1, 4]")
-    yield ("non-contiguous stale", lambda: (torch.zeros(16), [torch.zeros(32)[::2]], [1.0], None), ValueError,
-           "stale[0] must be contiguous, got sizes [16] and strides [2]")
-    yield ("sparse grad", lambda: (torch.zeros(16).to_sparse(), [], [], None), ValueError,
-           "grad must be a strided (dense) tensor, got layout Sparse")
-    yield ("integer grad", lambda: (torch.zeros(16, dtype=torch.int32), [], [], None), TypeError,
-           "grad must be float32, float64, bfloat16 or float16, got int32")
-    yield ("stale dtype", lambda: (torch.zeros(16), [torch.zeros(16), torch.zeros(16, dtype=torch.bfloat16)],
-                                   [1.0, 1.0], None), TypeError,
-           "stale[1] must have grad's dtype float32, got bfloat16")
-    yield ("stash dtype", lambda: (torch.zeros(16, dtype=torch.float16), [], [], torch.zeros(16, dtype=f)),
-           TypeError, "stash must have grad's dtype float16, got float32")
-    yield ("stale device", lambda: (torch.zeros(16), [torch.zeros(16, device="meta")], [1.0], None), ValueError,
-           "stale[0] must be on grad's device cpu, got meta")
-    yield ("grad device", lambda: (torch.zeros(16, device="meta"), [], [], None), ValueError,
-           "grad must be on a cpu or cuda device, got meta")
-    yield ("stale numel", lambda: (torch.zeros(16), [torch.zeros(15)], [1.0], None), ValueError,
-           "stale[0] must have grad's number of elements 16, got 15 (sizes [15])")
-    yield ("stash numel", lambda: (torch.zeros(16), [], [], torch.zeros(4, 5)), ValueError,
-           "stash must have grad's number of elements 16, got 20 (sizes [4, 5])")
-    yield ("scale count", lambda: (torch.zeros(16), [torch.zeros(16), torch.zeros(16)], [1.0], None), ValueError,
-           "stale_scales must have one scale per stale tensor (2), got 1")
-    yield ("stale is grad", lambda: (base[:16], [base[:16]], [1.0], None), ValueError,
-           "stale[0] must not overlap grad's memory (grad is written in place), got an overlapping tensor")
-    yield ("stale overlaps grad", lambda: (base[:16], [torch.zeros(16), base[15:31]], [1.0, 1.0], None), ValueError,
-           "stale[1] must not overlap grad's memory (grad is written in place), got an overlapping tensor")
-    yield ("stash is grad", lambda: (base[:16], [], [], base[:16]), ValueError,
-           "stash must not overlap grad's memory, got an overlapping tensor")
-    yield ("stash overlaps stale", lambda: (base[:16], [base[16:32]], [1.0], base[24:40]), ValueError,
-           "stash must not overlap stale[0] (stash is written while stale tensors are read), got an overlapping "
-           "tensor")
-    yield ("nan fresh scale", lambda: (torch.zeros(16), [], [], None, math.nan), ValueError,
-           "fresh_scale must be finite, got nan")
-    yield ("inf stale scale", lambda: (torch.zeros(16), [torch.zeros(16)], [math.inf], None), ValueError,
-           "stale_scales[0] must be finite, got inf")
-    yield ("grad requires grad", lambda: (torch.zeros(16, requires_grad=True), [], [], None), ValueError,
-           "grad must not require grad (fusedBlend writes it outside autograd), got requires_grad=True")
-    yield ("stash requires grad", lambda: (torch.zeros(16), [], [], torch.zeros(16, requires_grad=True)),
-           ValueError, "stash must not require grad (fusedBlend writes it outside autograd), got "
-                       "requires_grad=True")
+    yield (
+        "non-contiguous grad",
+        lambda: (torch.zeros(4, 4).t(), [], [], None),
+        ValueError,
+        "grad must be contiguous, got sizes [4, 4] and strides [1, 4]",
+    )
+    yield (
+        "non-contiguous stale",
+        lambda: (torch.zeros(16), [torch.zeros(32)[::2]], [1.0], None),
+        ValueError,
+        "stale[0] must be contiguous, got sizes [16] and strides [2]",
+    )
+    yield (
+        "sparse grad",
+        lambda: (torch.zeros(16).to_sparse(), [], [], None),
+        ValueError,
+        "grad must be a strided (dense) tensor, got layout Sparse",
+    )
+    yield (
+        "integer grad",
+        lambda: (torch.zeros(16, dtype=torch.int32), [], [], None),
+        TypeError,
+        "grad must be float32, float64, bfloat16 or float16, got int32",
+    )
+    yield (
+        "stale dtype",
+        lambda: (torch.zeros(16), [torch.zeros(16), torch.zeros(16, dtype=torch.bfloat16)], [1.0, 1.0], None),
+        TypeError,
+        "stale[1] must have grad's dtype float32, got bfloat16",
+    )
+    yield (
+        "stash dtype",
+        lambda: (torch.zeros(16, dtype=torch.float16), [], [], torch.zeros(16, dtype=f)),
+        TypeError,
+        "stash must have grad's dtype float16, got float32",
+    )
+    yield (
+        "stale device",
+        lambda: (torch.zeros(16), [torch.zeros(16, device="meta")], [1.0], None),
+        ValueError,
+        "stale[0] must be on grad's device cpu, got meta",
+    )
+    yield (
+        "grad device",
+        lambda: (torch.zeros(16, device="meta"), [], [], None),
+        ValueError,
+        "grad must be on a cpu or cuda device, got meta",
+    )
+    yield (
+        "stale numel",
+        lambda: (torch.zeros(16), [torch.zeros(15)], [1.0], None),
+        ValueError,
+        "stale[0] must have grad's number of elements 16, got 15 (sizes [15])",
+    )
+    yield (
+        "stash numel",
+        lambda: (torch.zeros(16), [], [], torch.zeros(4, 5)),
+        ValueError,
+        "stash must have grad's number of elements 16, got 20 (sizes [4, 5])",
+    )
+    yield (
+        "scale count",
+        lambda: (torch.zeros(16), [torch.zeros(16), torch.zeros(16)], [1.0], None),
+        ValueError,
+        "stale_scales must have one scale per stale tensor (2), got 1",
+    )
+    yield (
+        "stale is grad",
+        lambda: (base[:16], [base[:16]], [1.0], None),
+        ValueError,
+        "stale[0] must not overlap grad's memory (grad is written in place), got an overlapping tensor",
+    )
+    yield (
+        "stale overlaps grad",
+        lambda: (base[:16], [torch.zeros(16), base[15:31]], [1.0, 1.0], None),
+        ValueError,
+        "stale[1] must not overlap grad's memory (grad is written in place), got an overlapping tensor",
+    )
+    yield (
+        "stash is grad",
+        lambda: (base[:16], [], [], base[:16]),
+        ValueError,
+        "stash must not overlap grad's memory, got an overlapping tensor",
+    )
+    yield (
+        "stash overlaps stale",
+        lambda: (base[:16], [base[16:32]], [1.0], base[24:40]),
+        ValueError,
+        "stash must not overlap stale[0] (stash is written while stale tensors are read), got an overlapping tensor",
+    )
+    yield (
+        "nan fresh scale",
+        lambda: (torch.zeros(16), [], [], None, math.nan),
+        ValueError,
+        "fresh_scale must be finite, got nan",
+    )
+    yield (
+        "inf stale scale",
+        lambda: (torch.zeros(16), [torch.zeros(16)], [math.inf], None),
+        ValueError,
+        "stale_scales[0] must be finite, got inf",
+    )
+    yield (
+        "grad requires grad",
+        lambda: (torch.zeros(16, requires_grad=True), [], [], None),
+        ValueError,
+        "grad must not require grad (fusedBlend writes it outside autograd), got requires_grad=True",
+    )
+    yield (
+        "stash requires grad",
+        lambda: (torch.zeros(16), [], [], torch.zeros(16, requires_grad=True)),
+        ValueError,
+        "stash must not require grad (fusedBlend writes it outside autograd), got requires_grad=True",
+    )
 
 
 BAD = list(_bad_cases())
@@ -292,6 +373,7 @@ def test_bad_input_raises_clear_errors(make, exc, message):
 @pytest.mark.gpu
 @pytest.mark.skipif(not _has_cuda, reason="needs a CUDA device and a delaycomm built with CUDA")
 def test_cuda_mixed_devices_raise():
-    with pytest.raises(ValueError, match="^" + re.escape(PREFIX + "stale[0] must be on grad's device cuda:0, got cpu")
-                       + "$"):
+    with pytest.raises(
+        ValueError, match="^" + re.escape(PREFIX + "stale[0] must be on grad's device cuda:0, got cpu") + "$"
+    ):
         _C._fused_blend(torch.zeros(16, device="cuda"), 1.0, [torch.zeros(16)], [1.0])

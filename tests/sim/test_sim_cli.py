@@ -39,8 +39,21 @@ def test_table_is_reproducible_bit_for_bit(capsys, tmp_path):
 
 
 def test_table_writes_json_and_plots(capsys, tmp_path):
-    code, _, _ = run_cli(capsys, "table", "--seeds", "1", "--budget", "40", "--sweep", "2,inf",
-                           "--json", str(tmp_path / "t.json"), "--plot", str(tmp_path / "plots"), "--no-progress")
+    code, _, _ = run_cli(
+        capsys,
+        "table",
+        "--seeds",
+        "1",
+        "--budget",
+        "40",
+        "--sweep",
+        "2,inf",
+        "--json",
+        str(tmp_path / "t.json"),
+        "--plot",
+        str(tmp_path / "plots"),
+        "--no-progress",
+    )
     assert code == 0
     doc = json.loads((tmp_path / "t.json").read_text())
     assert [r["model"] for r in doc["rows"]] == ["bsp", "lead:2", "asp"]
@@ -52,9 +65,24 @@ def test_table_writes_json_and_plots(capsys, tmp_path):
 
 def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "delay_sampler_class", lambda: FakeSampler)
-    code, out, _ = run_cli(capsys, "run", "--lead", "2", "--delay", "const:500ms", "--budget", "30",
-                           "--workers", "3", "--policy", "ema", "--step", "adadelay",
-                           "--json", str(tmp_path / "r.json"))
+    code, out, _ = run_cli(
+        capsys,
+        "run",
+        "--lead",
+        "2",
+        "--delay",
+        "const:500ms",
+        "--budget",
+        "30",
+        "--workers",
+        "3",
+        "--policy",
+        "ema",
+        "--step",
+        "adadelay",
+        "--json",
+        str(tmp_path / "r.json"),
+    )
     assert code == 0
     assert "lead:2" in out and "delay const:500ms" in out
     run = json.loads((tmp_path / "r.json").read_text())["runs"][0]
@@ -65,8 +93,10 @@ def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path)
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["run", "--model", "hogwild"],
-         r"argument --model: unknown consistency model 'hogwild': expected 'bsp', 'asp'"),
+        (
+            ["run", "--model", "hogwild"],
+            r"argument --model: unknown consistency model 'hogwild': expected 'bsp', 'asp'",
+        ),
         (["run", "--model", "lead:-2"], r"argument --model: lead bound must be >= 1 .*got -2"),
         (["run", "--model", "ssp:2"], r"argument --model: 'ssp:2' is the backend's staleness bound"),
         (["run", "--lead", "0"], r"argument --lead: 0 is too small; expected an integer >= 1"),
@@ -76,16 +106,20 @@ def test_run_with_delay_uses_the_injected_sampler(capsys, monkeypatch, tmp_path)
         (["run", "--workers", "two"], r"argument --workers: 'two' is not an integer; expected an integer >= 1"),
         (["run", "--alpha", "1.5"], r"argument --alpha: 1.5 is out of range; expected a finite number in \(0, 1\]"),
         (["run", "--policy", "mean"], r"argument --policy: invalid choice: 'mean'"),
-        (["run", "--jitter", "gamma:1"],
-         r"argument --jitter: bad jitter 'gamma:1': expected 'none', 'lognormal:SIGMA'"),
+        (
+            ["run", "--jitter", "gamma:1"],
+            r"argument --jitter: bad jitter 'gamma:1': expected 'none', 'lognormal:SIGMA'",
+        ),
         (["table", "--sweep", "2,x"], r"argument --sweep: 'x' is not an integer; expected an integer >= 1"),
         (["table", "--lead", "0"], r"argument --lead: 0 is too small; expected an integer >= 1"),
         (["table", "--sweep", "2,0"], r"argument --sweep: 0 is too small; expected an integer >= 1"),
         # no command: the table's options
         (["--budget", "0"], r"argument --budget: 0 is out of range; expected a finite number > 0"),
         (["run", "--model", "asp", "--lead", "2"], r"argument --lead: not allowed with argument --model"),
-        (["scenarios", "--short-budget", "500", "--delay", "none"],
-         r"--short-budget \(500\) must be below --budget \(400\)"),
+        (
+            ["scenarios", "--short-budget", "500", "--delay", "none"],
+            r"--short-budget \(500\) must be below --budget \(400\)",
+        ),
     ],
 )
 def test_bad_input_exits_2_naming_the_option(capsys, argv, message):
@@ -101,15 +135,30 @@ def test_without_a_command_the_table_runs(monkeypatch):
     assert cli.main([]) == 0
     assert cli.main(["--seeds", "3", "--no-progress"]) == 0
     assert [(a.command, a.seeds, a.lead, a.sweep, a.budget) for a in ran] == [
-        ("table", None, 2, [2, 8, None], None), ("table", 3, 2, [2, 8, None], None)]
+        ("table", None, 2, [2, 8, None], None),
+        ("table", 3, 2, [2, 8, None], None),
+    ]
 
 
 def test_python_m_delaycomm_sim_runs_the_table_without_a_command(tmp_path, monkeypatch, capsys):
     # `python -m delaycomm.sim ...` runs the package's __main__ with sys.argv; so does runpy, in this process.
     import runpy
 
-    monkeypatch.setattr("sys.argv", ["python -m delaycomm.sim", "--seeds", "1", "--budget", "20", "--sweep", "2",
-                                     "--no-progress", "--json", str(tmp_path / "t.json")])
+    monkeypatch.setattr(
+        "sys.argv",
+        [
+            "python -m delaycomm.sim",
+            "--seeds",
+            "1",
+            "--budget",
+            "20",
+            "--sweep",
+            "2",
+            "--no-progress",
+            "--json",
+            str(tmp_path / "t.json"),
+        ],
+    )
     with pytest.raises(SystemExit) as exc:
         runpy.run_module("delaycomm.sim", run_name="__main__", alter_sys=True)
     assert exc.value.code == 0
@@ -120,8 +169,21 @@ def test_python_m_delaycomm_sim_runs_the_table_without_a_command(tmp_path, monke
 
 def test_scenarios_judge_short_and_long_budgets(capsys, monkeypatch, tmp_path):
     monkeypatch.setattr(cli, "delay_sampler_class", lambda: FakeSampler)
-    code, out, _ = run_cli(capsys, "scenarios", "--seeds", "2", "--budget", "30", "--short-budget", "10",
-                           "--delay", "exp:mean=300ms", "--json", str(tmp_path / "s.json"), "--no-progress")
+    code, out, _ = run_cli(
+        capsys,
+        "scenarios",
+        "--seeds",
+        "2",
+        "--budget",
+        "30",
+        "--short-budget",
+        "10",
+        "--delay",
+        "exp:mean=300ms",
+        "--json",
+        str(tmp_path / "s.json"),
+        "--no-progress",
+    )
     assert code == 0
     doc = json.loads((tmp_path / "s.json").read_text())
     assert [len(g["rows"]) for g in doc["groups"]] == [3, 5, 7]

@@ -22,8 +22,10 @@ pytestmark = pytest.mark.skipif(DelaySampler is None, reason="delaycomm.DelaySam
 
 def test_real_sampler_drives_the_schedule():
     # One worker, 1 s steps, every update 500 ms in flight (network mode): same trace as with the test fake.
-    r = simulate(small(model="asp", workers=1, stragglers=0, jitter="none", budget=4.6, delay="const:500ms"),
-                 [DelaySampler("const:500ms", seed=0, rank=0)])
+    r = simulate(
+        small(model="asp", workers=1, stragglers=0, jitter="none", budget=4.6, delay="const:500ms"),
+        [DelaySampler("const:500ms", seed=0, rank=0)],
+    )
     assert r.arrival_time == pytest.approx([1.5, 2.5, 3.5, 4.5], abs=1e-9)
     assert r.staleness.tolist() == [0, 1, 1, 1]
 
@@ -45,8 +47,24 @@ def test_cli_run_with_a_real_delay_is_deterministic(capsys, tmp_path):
     docs = []
     for i in range(2):
         path = tmp_path / f"r{i}.json"
-        assert cli.main(["run", "--model", "lead:2", "--delay", "lognormal:p50=60ms,p99=400ms", "--budget", "60",
-                         "--seed", "3", "--json", str(path)]) == 0
+        assert (
+            cli.main(
+                [
+                    "run",
+                    "--model",
+                    "lead:2",
+                    "--delay",
+                    "lognormal:p50=60ms,p99=400ms",
+                    "--budget",
+                    "60",
+                    "--seed",
+                    "3",
+                    "--json",
+                    str(path),
+                ]
+            )
+            == 0
+        )
         docs.append(json.loads(path.read_text())["runs"][0])
     capsys.readouterr()
     assert docs[0]["curve_loss"] == docs[1]["curve_loss"]

@@ -75,15 +75,22 @@ def test_updates_of_one_worker_arrive_in_order():
 def test_delay_fraction_zero_means_no_delay():
     base = small(model="asp", jitter="none")
     r0 = simulate(base)
-    r1 = simulate(dataclasses.replace(base, delay="const:3", delay_fraction=0.0),
-                  [FakeSampler("const:3") for _ in range(base.workers)])
+    r1 = simulate(
+        dataclasses.replace(base, delay="const:3", delay_fraction=0.0),
+        [FakeSampler("const:3") for _ in range(base.workers)],
+    )
     assert r1.arrival_time.tolist() == r0.arrival_time.tolist()
 
 
 @pytest.mark.parametrize(
     ("workers", "straggler", "jitter", "budget", "seed"),
-    [(2, 1.0, "none", 1500.0, 0), (4, 3.0, "lognormal:0.3", 800.0, 1), (8, 4.0, "exp:1.0", 400.0, 2),
-     (6, 1.5, "uniform:0.5", 500.0, 3), (3, 6.0, "lognormal:0.8", 1200.0, 4)],
+    [
+        (2, 1.0, "none", 1500.0, 0),
+        (4, 3.0, "lognormal:0.3", 800.0, 1),
+        (8, 4.0, "exp:1.0", 400.0, 2),
+        (6, 1.5, "uniform:0.5", 500.0, 3),
+        (3, 6.0, "lognormal:0.8", 1200.0, 4),
+    ],
 )
 def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budget, seed):
     # Every worker always busy, no network delay: by Little's law the mean over updates is exactly N - 1 in steady
@@ -103,9 +110,16 @@ def test_asp_mean_staleness_tends_to_n_minus_1(workers, straggler, jitter, budge
     seed=st.integers(0, 2**31 - 1),
 )
 def test_ssp_max_staleness_never_exceeds_bound(workers, s, straggler, jitter, delay, seed):
-    cfg = small(model=f"lead:{s}", workers=workers, straggler=straggler, jitter=jitter, budget=40.0, seed=seed,
-                delay="none" if delay == "none" else "exp:mean=0.7",
-                delay_where="host" if delay == "host" else "network")
+    cfg = small(
+        model=f"lead:{s}",
+        workers=workers,
+        straggler=straggler,
+        jitter=jitter,
+        budget=40.0,
+        seed=seed,
+        delay="none" if delay == "none" else "exp:mean=0.7",
+        delay_where="host" if delay == "host" else "network",
+    )
     samplers = None if delay == "none" else [FakeSampler("exp:mean=0.7", seed, i) for i in range(workers)]
     r = simulate(cfg, samplers)
     bound = (workers - 1) * (2 * s - 1) + ((s - 1) if delay == "network" else 0)
@@ -198,8 +212,9 @@ class _Bad:
 @pytest.mark.parametrize("out", [np.full(256, -1.0), np.full(256, np.nan), np.zeros(3)])
 def test_misbehaving_sampler_is_rejected(out):
     cfg = small(workers=1, stragglers=0)
-    with pytest.raises(ValueError,
-                       match=r"simulate: delay sampler's sample_many\(256\) must return 256 finite delays >= 0"):
+    with pytest.raises(
+        ValueError, match=r"simulate: delay sampler's sample_many\(256\) must return 256 finite delays >= 0"
+    ):
         simulate(cfg, [_Bad(out)])
 
 

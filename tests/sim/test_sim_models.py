@@ -30,14 +30,20 @@ def test_parse_model_accepts(spec, kind, bound, label):
     ("spec", "message"),
     [
         ("hogwild", r"unknown consistency model 'hogwild': expected 'bsp', 'asp', 'lead:S' with an integer S >= 1"),
-        ("lead:-1", r"lead bound must be >= 1 \(with 0 no worker could start; a barrier is 'bsp'\), got -1 in "
-                    r"'lead:-1'"),
+        (
+            "lead:-1",
+            r"lead bound must be >= 1 \(with 0 no worker could start; a barrier is 'bsp'\), got -1 in "
+            r"'lead:-1'",
+        ),
         ("lead:0", r"lead bound must be >= 1 .*got 0 in 'lead:0'"),
         ("lead:two", r"bad lead bound in 'lead:two'"),
         ("lead:", r"bad lead bound in 'lead:'"),
         # the backend's spelling names another bound: refused, not read as the simulator's gate
-        ("ssp:2", r"'ssp:2' is the backend's staleness bound \(a contribution at most S steps late\); the "
-                  r"simulator's SSP gate is 'lead:S'"),
+        (
+            "ssp:2",
+            r"'ssp:2' is the backend's staleness bound \(a contribution at most S steps late\); the "
+            r"simulator's SSP gate is 'lead:S'",
+        ),
         ("ssp:0", r"'ssp:0' is the backend's staleness bound"),
         (3, r"model must be a string"),
     ],

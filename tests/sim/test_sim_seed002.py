@@ -24,11 +24,11 @@ def rows():
     results = run_configs([c for _, cfgs, _ in specs + sweep for c in cfgs])
     table, k = [], 0
     for name, cfgs, published in specs:
-        table.append(Row(name, results[k:k + len(cfgs)], published))
+        table.append(Row(name, results[k : k + len(cfgs)], published))
         k += len(cfgs)
     sweep_rows = []
     for name, cfgs, published in sweep:
-        sweep_rows.append(Row(name, results[k:k + len(cfgs)], {"max_staleness": published}))
+        sweep_rows.append(Row(name, results[k : k + len(cfgs)], {"max_staleness": published}))
         k += len(cfgs)
     return table, sweep_rows
 
@@ -92,8 +92,9 @@ def test_loss_at_and_peak_loss_read_the_curve():
     from delaycomm.sim.experiments import loss_at, peak_loss
 
     base = simulate(seed002_config("asp", budget=8.0))
-    r = dataclasses.replace(base, curve_time=np.array([0.0, 2.0, 4.0, 6.0]),
-                            curve_loss=np.array([0.7, 0.5, 0.9, 0.4]), final_loss=0.45)
+    r = dataclasses.replace(
+        base, curve_time=np.array([0.0, 2.0, 4.0, 6.0]), curve_loss=np.array([0.7, 0.5, 0.9, 0.4]), final_loss=0.45
+    )
     assert loss_at(r, 3.0) == pytest.approx(0.7)  # halfway between 0.5 and 0.9
     assert loss_at(r, 8.0) == 0.45  # at the budget: the final loss
     assert peak_loss(r, 3.0) == 0.9

@@ -38,8 +38,9 @@ def _torchrun(script: Path, args: list[str], env_extra: dict[str, str], tmp_path
     env.setdefault("OMP_NUM_THREADS", "1")
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
     proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n"
-                                  f"{proc.stderr[-6000:]}")
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
+    )
     return proc
 
 
@@ -60,7 +61,8 @@ def _check_staleness(docs: list[dict], bound: int | None) -> dict:
         late = st["stale"] + st["dropped"]
         assert late >= 0.05 * total, (
             f"only {late} of {total} contributions were late: staleness did not engage with the defaults "
-            f"(step_source {st.get('step_source')!r}, step_key {st.get('step_key')!r})")
+            f"(step_source {st.get('step_source')!r}, step_key {st.get('step_key')!r})"
+        )
         assert st["step_source"] == "calibrated" and st["step_ms"] > 0, st
         if bound is not None:
             assert st["staleness"]["max"] <= bound, st
@@ -124,8 +126,9 @@ def test_apply_outputs_plus_flush_equal_contributions_avg_and_sum(tmp_path, stal
         assert indices == [0], f"expected one bucket, got {indices}"
         _, _, first_out = calls[0]
         rest = calls[1:]
-        torch.testing.assert_close(first_out.double(), _sum([p["buckets"][0][1] for p in ranks]) / world,
-                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            first_out.double(), _sum([p["buckets"][0][1] for p in ranks]) / world, rtol=1e-5, atol=1e-6
+        )
         contributions = _sum([c for p in ranks for _, c, _ in p["buckets"][1:]]) / world
         flushed = [t for k, t in r["flushed"].items() if k == 0]
         got = _sum([o for _, _, o in rest] + flushed)

@@ -62,8 +62,7 @@ def _policy_ranks(rank, world, policy, seed):
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(delay=DELAY, delay_fraction=FRACTION, seed=seed, staleness="ssp:1",
-                                stale_policy=policy)
+    cfg = delaycomm.DelayConfig(delay=DELAY, delay_fraction=FRACTION, seed=seed, staleness="ssp:1", stale_policy=policy)
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     metric = torch.tensor([1.0])
     dist.all_reduce(metric)  # a metric all_reduce before the stream: its storage key is seen once
@@ -91,8 +90,9 @@ def test_nfresh_zero_occurs_and_each_policy_gives_its_result(policy):
     for rank, out in enumerate(results):
         assert out["metric"] == 2.0
         for t in range(STEPS):
-            np.testing.assert_allclose(out["outs"][t], ref[t], rtol=1e-12, atol=1e-12,
-                                       err_msg=f"rank {rank} step {t} {policy}")
+            np.testing.assert_allclose(
+                out["outs"][t], ref[t], rtol=1e-12, atol=1e-12, err_msg=f"rank {rank} step {t} {policy}"
+            )
         # n_fresh = 0 with a stale contribution due (it arrives from step t - 1) ...
         for t in with_due:
             due = [grads[t - 1][r] for r in range(world) if delays[t - 1][r] > 0]
@@ -191,8 +191,12 @@ def test_no_stream_recurs_enough_to_calibrate_warns_once():
     for out in results:
         assert len(out["warnings"]) == 1, out["warnings"]
         text = out["warnings"][0]
-        for name in ("has not engaged after 4096 all-reduces", "ddp_hook", "stale_allreduce(tensor, key=",
-                     "DELAYCOMM_STEP_MS"):
+        for name in (
+            "has not engaged after 4096 all-reduces",
+            "ddp_hook",
+            "stale_allreduce(tensor, key=",
+            "DELAYCOMM_STEP_MS",
+        ):
             assert name in text, text
         assert out["source"] == "calibrating" and out["stale"] == 0, out
         assert out["keys"] <= 1024, out
@@ -204,8 +208,9 @@ def _reused_address_ranks(rank, world):
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(delay="exp:p99=5ms", delay_fraction=0.5, seed=3, staleness="ssp:2",
-                                stale_policy="apply")
+    cfg = delaycomm.DelayConfig(
+        delay="exp:p99=5ms", delay_fraction=0.5, seed=3, staleness="ssp:2", stale_policy="apply"
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=20), pg_options=cfg)
     x = torch.zeros(64, dtype=torch.float64)
     dist.all_reduce(x)

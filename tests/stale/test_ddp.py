@@ -42,10 +42,15 @@ def _train(rank, cfg_kwargs, hook, steps=40):
             losses.append(loss.item())
         delaycomm.flush(group)
     st = delaycomm.stats(group)["staleness"]
-    runtime = [str(w.message) for w in caught
-               if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)]
-    return {"final": float(np.mean(losses[-10:])), "first": float(np.mean(losses[:5])), "stats": st,
-            "warnings": runtime}
+    runtime = [
+        str(w.message) for w in caught if issubclass(w.category, RuntimeWarning) and "stale:fresh" in str(w.message)
+    ]
+    return {
+        "final": float(np.mean(losses[-10:])),
+        "first": float(np.mean(losses[:5])),
+        "stats": st,
+        "warnings": runtime,
+    }
 
 
 def _ddp_compare(rank, world):
@@ -56,10 +61,33 @@ def _ddp_compare(rank, world):
     bsp = _train(rank, {}, hook=False)
     ssp = _train(rank, {**delay, "staleness": "ssp:2", "stale_policy": "ema"}, hook=True)
     ident = _train(rank, {**delay, "staleness": "ssp:2", "stale_policy": "ema"}, hook=False)
-    heavy = _train(rank, {"delay": "const:25ms", "delay_fraction": 0.9, "seed": 1, "step_ms": 10.0,
-                          "staleness": "asp", "stale_policy": "apply", "max_pending": 100000}, hook=True, steps=25)
-    light = _train(rank, {"delay": "const:5ms", "delay_fraction": 0.05, "seed": 1, "step_ms": 10.0,
-                          "staleness": "ssp:1", "stale_policy": "apply"}, hook=True, steps=25)
+    heavy = _train(
+        rank,
+        {
+            "delay": "const:25ms",
+            "delay_fraction": 0.9,
+            "seed": 1,
+            "step_ms": 10.0,
+            "staleness": "asp",
+            "stale_policy": "apply",
+            "max_pending": 100000,
+        },
+        hook=True,
+        steps=25,
+    )
+    light = _train(
+        rank,
+        {
+            "delay": "const:5ms",
+            "delay_fraction": 0.05,
+            "seed": 1,
+            "step_ms": 10.0,
+            "staleness": "ssp:1",
+            "stale_policy": "apply",
+        },
+        hook=True,
+        steps=25,
+    )
     return {"bsp": bsp, "ssp": ssp, "ident": ident, "heavy": heavy, "light": light}
 
 

@@ -62,8 +62,15 @@ def _engine_ranks(rank, world, policy, staleness, steps, dtype_name, delay):
     import delaycomm
 
     dtype = getattr(torch, dtype_name)
-    cfg = delaycomm.DelayConfig(delay=delay, delay_fraction=0.4, seed=5, staleness=staleness, stale_policy=policy,
-                                step_ms=STEP_MS, max_pending=1000)
+    cfg = delaycomm.DelayConfig(
+        delay=delay,
+        delay_fraction=0.4,
+        seed=5,
+        staleness=staleness,
+        stale_policy=policy,
+        step_ms=STEP_MS,
+        max_pending=1000,
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     outs = []
@@ -74,8 +81,13 @@ def _engine_ranks(rank, world, policy, staleness, steps, dtype_name, delay):
     pending = backend.stale_pending()
     flushed = delaycomm.flush()
     st = delaycomm.stats(dist.group.WORLD)["staleness"]
-    return {"outs": outs, "pending": pending, "flushed": {k: v.double().numpy() for k, v in flushed.items()},
-            "stats": st, "after": backend.stale_pending()}
+    return {
+        "outs": outs,
+        "pending": pending,
+        "flushed": {k: v.double().numpy() for k, v in flushed.items()},
+        "stats": st,
+        "after": backend.stale_pending(),
+    }
 
 
 def _delays(world, steps, delay):
@@ -115,8 +127,9 @@ def test_matches_numpy_model(policy, staleness, world, dtype):
     n_stale = 0
     for rank, out in enumerate(results):
         for t in range(steps):
-            np.testing.assert_allclose(out["outs"][t], ref[t], rtol=tol, atol=tol * 4,
-                                       err_msg=f"rank {rank} step {t} {policy} {staleness}")
+            np.testing.assert_allclose(
+                out["outs"][t], ref[t], rtol=tol, atol=tol * 4, err_msg=f"rank {rank} step {t} {policy} {staleness}"
+            )
         assert out["after"] == (0, 0)
         n_stale = out["stats"]["stale"] + out["stats"]["dropped"]
     assert n_stale > 0, "the schedule made nothing late: the test would not exercise the engine"
@@ -135,8 +148,15 @@ def _conservation_ranks(rank, world, staleness):
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(delay="exp:p99=50ms", delay_fraction=0.5, seed=11, staleness=staleness,
-                                stale_policy="apply", step_ms=STEP_MS, max_pending=10000)
+    cfg = delaycomm.DelayConfig(
+        delay="exp:p99=50ms",
+        delay_fraction=0.5,
+        seed=11,
+        staleness=staleness,
+        stale_policy="apply",
+        step_ms=STEP_MS,
+        max_pending=10000,
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     total_out = torch.zeros(16, dtype=torch.float64)
     total_in = torch.zeros(16, dtype=torch.float64)
@@ -151,9 +171,13 @@ def _conservation_ranks(rank, world, staleness):
     for t in delaycomm.flush().values():
         total_out += t
     st = delaycomm.stats(dist.group.WORLD)["staleness"]
-    return {"in": total_in.numpy(), "out": total_out.numpy(), "stale": st["stale"],
-            "max_staleness": st["staleness"]["max"],
-            "pending": dist.group.WORLD._get_backend(torch.device("cpu")).stale_pending()}
+    return {
+        "in": total_in.numpy(),
+        "out": total_out.numpy(),
+        "stale": st["stale"],
+        "max_staleness": st["staleness"]["max"],
+        "pending": dist.group.WORLD._get_backend(torch.device("cpu")).stale_pending(),
+    }
 
 
 @pytest.mark.timeout(120)
@@ -179,8 +203,9 @@ def _memory_ranks(rank, world, steps):
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(delay="exp:p99=40ms", delay_fraction=0.5, seed=2, staleness="ssp:2",
-                                stale_policy="ema", step_ms=STEP_MS)
+    cfg = delaycomm.DelayConfig(
+        delay="exp:p99=40ms", delay_fraction=0.5, seed=2, staleness="ssp:2", stale_policy="ema", step_ms=STEP_MS
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     backend = dist.group.WORLD._get_backend(torch.device("cpu"))
     g = torch.zeros(1024)

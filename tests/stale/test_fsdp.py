@@ -33,8 +33,9 @@ def test_unmodified_fsdp2_example_goes_stale_and_trains_like_bsp(tmp_path):
     for staleness in ("bsp", "ssp:2"):
         d = tmp_path / staleness.replace(":", "")
         d.mkdir()
-        proc = _torchrun(EXAMPLE, ["--loss-log", str(d / "loss.txt")], {**USER_ENV, "DELAYCOMM_STALENESS": staleness},
-                         d)
+        proc = _torchrun(
+            EXAMPLE, ["--loss-log", str(d / "loss.txt")], {**USER_ENV, "DELAYCOMM_STALENESS": staleness}, d
+        )
         runs[staleness] = (proc, d)
 
     proc, d = runs["ssp:2"]

@@ -25,8 +25,9 @@ def _gate_ranks(rank, world):
     import delaycomm
 
     # Rank 1 is 30 s late on every all-reduce: under ssp:1 nearly all of it is paid at the gate. step_ms=auto.
-    cfg = delaycomm.DelayConfig(delay="const:30s", delay_fraction=1.0, delay_ranks=[1], delay_ops=["allreduce"],
-                                seed=0, staleness="ssp:1")
+    cfg = delaycomm.DelayConfig(
+        delay="const:30s", delay_fraction=1.0, delay_ranks=[1], delay_ops=["allreduce"], seed=0, staleness="ssp:1"
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the delay's tail is longer than the timeout: we know
         dist.init_process_group("delaycomm", timeout=timedelta(seconds=GATE_TIMEOUT_S), pg_options=cfg)
@@ -50,8 +51,12 @@ def test_ssp_gate_wait_ends_in_the_timeout_error_on_every_rank():
         assert out["type"] == "DistBackendError", out
         assert GATE_TIMEOUT_S - 0.2 <= out["elapsed"] <= GATE_TIMEOUT_S + 2.0, out
         msg = out["msg"]
-        for part in ("gate timed out after 5000 ms (the group's timeout)", "rank 1's contribution",
-                     "injected delay of 30000", "a delay longer than the timeout is a timeout"):
+        for part in (
+            "gate timed out after 5000 ms (the group's timeout)",
+            "rank 1's contribution",
+            "injected delay of 30000",
+            "a delay longer than the timeout is a timeout",
+        ):
             assert part in msg, msg
     assert results[0]["msg"].split("Exception raised from")[0] == results[1]["msg"].split("Exception raised from")[0]
 
@@ -63,8 +68,16 @@ def _overflow_ranks(rank, world):
     import delaycomm
 
     # Rank 1 is 5 steps late on every step: under asp its contributions pile up beyond max_pending=3 at step 4.
-    cfg = delaycomm.DelayConfig(delay="const:50ms", delay_fraction=1.0, delay_ranks=[1], seed=0, staleness="asp",
-                                stale_policy="apply", step_ms=10.0, max_pending=3)
+    cfg = delaycomm.DelayConfig(
+        delay="const:50ms",
+        delay_fraction=1.0,
+        delay_ranks=[1],
+        seed=0,
+        staleness="asp",
+        stale_policy="apply",
+        step_ms=10.0,
+        max_pending=3,
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=20), pg_options=cfg)
     contributed = torch.zeros(4, dtype=torch.float64)
     delivered = torch.zeros(4, dtype=torch.float64)
@@ -92,8 +105,13 @@ def test_asp_max_pending_overflow_raises_the_same_error_on_every_rank_before_any
     assert e0 is not None and e0 == e1, results
     step, msg = e0
     assert step == 4, e0
-    for part in ("rank 1's contribution is late again", "max_pending=3", "DELAYCOMM_MAX_PENDING", "ssp:S",
-                 "Every rank raises this error"):
+    for part in (
+        "rank 1's contribution is late again",
+        "max_pending=3",
+        "DELAYCOMM_MAX_PENDING",
+        "ssp:S",
+        "Every rank raises this error",
+    ):
         assert part in msg, msg
     # Nothing of the failed step was applied: outputs + flush == every contribution of the steps before it.
     total = np.array(results[0]["mine"]) + np.array(results[1]["mine"])
@@ -107,8 +125,9 @@ def _delay_ops_ranks(rank, world):
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(delay="exp:p99=20ms", delay_fraction=1.0, delay_ops=["broadcast"], seed=0,
-                                staleness="ssp:2")
+    cfg = delaycomm.DelayConfig(
+        delay="exp:p99=20ms", delay_fraction=1.0, delay_ops=["broadcast"], seed=0, staleness="ssp:2"
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     g = torch.zeros(4)
     sums = []
@@ -133,8 +152,9 @@ def _avg_flush_ranks(rank, world, policy, steps):
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(delay="exp:p99=50ms", delay_fraction=0.5, seed=11, staleness="ssp:3",
-                                stale_policy=policy, step_ms=10.0)
+    cfg = delaycomm.DelayConfig(
+        delay="exp:p99=50ms", delay_fraction=0.5, seed=11, staleness="ssp:3", stale_policy=policy, step_ms=10.0
+    )
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     out = torch.zeros(16, dtype=torch.float64)
     contributed = torch.zeros(16, dtype=torch.float64)
@@ -145,8 +165,12 @@ def _avg_flush_ranks(rank, world, policy, steps):
         out += g
     pending = dist.group.WORLD._get_backend(torch.device("cpu")).stale_pending()
     flushed = delaycomm.flush()
-    return {"out": out.numpy(), "flushed": flushed[0].numpy() if 0 in flushed else None, "mine": contributed.numpy(),
-            "pending": pending}
+    return {
+        "out": out.numpy(),
+        "flushed": flushed[0].numpy() if 0 in flushed else None,
+        "mine": contributed.numpy(),
+        "pending": pending,
+    }
 
 
 @pytest.mark.timeout(120)
@@ -185,7 +209,7 @@ def _new_tensor_ranks(rank, world, calls):
         warnings.simplefilter("always")
         for i in range(calls):
             # A tensor with a storage identity never seen before (a view at a new offset of a pool).
-            t = pool[8 * (i % (1 << 14)) + (i // (1 << 14)):][:8]
+            t = pool[8 * (i % (1 << 14)) + (i // (1 << 14)) :][:8]
             dist.all_reduce(t)
             if i + 1 in (calls // 5, calls):
                 rss[i + 1] = _rss_kib()

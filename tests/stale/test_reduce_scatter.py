@@ -20,8 +20,10 @@ from delaycomm import _C
 from tests.harness import run_threads
 from tests.stale.test_engine import STEP_MS, reference
 
-pytestmark = [pytest.mark.multiproc,
-              pytest.mark.filterwarnings("ignore:delaycomm. the stale.fresh ratio:RuntimeWarning")]
+pytestmark = [
+    pytest.mark.multiproc,
+    pytest.mark.filterwarnings("ignore:delaycomm. the stale.fresh ratio:RuntimeWarning"),
+]
 
 SHARD = 19  # elements of each rank's output shard (odd: no vector-width coincidence)
 SCOPE = "FSDP::post_backward_reduce (layers.0)"
@@ -49,8 +51,15 @@ def _op(kind: str):
 
 
 def _run_stream(ctx, policy, staleness, steps, dtype, delay, kind):
-    g = ctx.group(delay=delay, delay_fraction=FRACTION, seed=SEED, staleness=staleness, stale_policy=policy,
-                  step_ms=STEP_MS, max_pending=10_000)
+    g = ctx.group(
+        delay=delay,
+        delay_fraction=FRACTION,
+        seed=SEED,
+        staleness=staleness,
+        stale_policy=policy,
+        step_ms=STEP_MS,
+        max_pending=10_000,
+    )
     op, _ = _op(kind)
     n = SHARD * ctx.world_size
     outs, ins = [], []
@@ -82,15 +91,16 @@ CASES = [
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.parametrize("policy, staleness, world, dtype, kind", CASES,
-                         ids=[f"{p}-{s}-{w}r-{str(d).split('.')[-1]}-{k}" for p, s, w, d, k in CASES])
+@pytest.mark.parametrize(
+    "policy, staleness, world, dtype, kind",
+    CASES,
+    ids=[f"{p}-{s}-{w}r-{str(d).split('.')[-1]}-{k}" for p, s, w, d, k in CASES],
+)
 def test_reduce_scatter_matches_numpy_model_on_every_rank(policy, staleness, world, dtype, kind):
     steps, delay = 30, "exp:p99=40ms"
-    results = run_threads(lambda ctx: _run_stream(ctx, policy, staleness, steps, dtype, delay, kind), world,
-                          timeout=50)
+    results = run_threads(lambda ctx: _run_stream(ctx, policy, staleness, steps, dtype, delay, kind), world, timeout=50)
     n = SHARD * world
-    grads = [[torch.from_numpy(_grad(t, r, n)).to(dtype).double().numpy() for r in range(world)]
-             for t in range(steps)]
+    grads = [[torch.from_numpy(_grad(t, r, n)).to(dtype).double().numpy() for r in range(world)] for t in range(steps)]
     key = _C._stale_scope_key(SCOPE, n, dtype, True)
     mode, _, bound = staleness.partition(":")
     delays = _delays(world, steps, delay, key)
@@ -102,8 +112,13 @@ def test_reduce_scatter_matches_numpy_model_on_every_rank(policy, staleness, wor
     for rank, out in enumerate(results):
         shard = slice(rank * SHARD, (rank + 1) * SHARD)
         for t in range(steps):
-            np.testing.assert_allclose(out["outs"][t], scale * ref[t][shard], rtol=tol, atol=tol * 4,
-                                       err_msg=f"rank {rank} step {t} {policy} {staleness} {kind}")
+            np.testing.assert_allclose(
+                out["outs"][t],
+                scale * ref[t][shard],
+                rtol=tol,
+                atol=tol * 4,
+                err_msg=f"rank {rank} step {t} {policy} {staleness} {kind}",
+            )
         assert out["after"] == (0, 0)
         # Exactly one reduce-scatter of the original size per step, and one per key for flush.
         assert out["calls"] == steps + len(out["flushed"]), out["calls"]
@@ -115,15 +130,23 @@ def test_reduce_scatter_matches_numpy_model_on_every_rank(policy, staleness, wor
         for rank, out in enumerate(results):
             if pending:
                 expect = scale * sum(pending) / (world if kind == "avg" else 1)
-                np.testing.assert_allclose(out["flushed"][key], expect[rank * SHARD:(rank + 1) * SHARD],
-                                           rtol=tol, atol=tol * 4)
+                np.testing.assert_allclose(
+                    out["flushed"][key], expect[rank * SHARD : (rank + 1) * SHARD], rtol=tol, atol=tol * 4
+                )
             else:
                 assert out["flushed"] == {}
 
 
 def _conservation(ctx, staleness, steps):
-    g = ctx.group(delay="exp:p99=50ms", delay_fraction=0.5, seed=11, staleness=staleness, stale_policy="apply",
-                  step_ms=STEP_MS, max_pending=10_000)
+    g = ctx.group(
+        delay="exp:p99=50ms",
+        delay_fraction=0.5,
+        seed=11,
+        staleness=staleness,
+        stale_policy="apply",
+        step_ms=STEP_MS,
+        max_pending=10_000,
+    )
     n = SHARD * ctx.world_size
     total_in = torch.zeros(n, dtype=torch.float64)
     total_out = torch.zeros(SHARD, dtype=torch.float64)
@@ -138,9 +161,14 @@ def _conservation(ctx, staleness, steps):
     for shard in delaycomm.flush(g).values():
         total_out += shard
     st = delaycomm.stats(g)["staleness"]
-    mine = total_in[ctx.rank * SHARD:(ctx.rank + 1) * SHARD] / ctx.world_size
-    return {"in": mine.numpy(), "out": total_out.numpy(), "stale": st["stale"], "max": st["staleness"]["max"],
-            "keys": st["keys"]}
+    mine = total_in[ctx.rank * SHARD : (ctx.rank + 1) * SHARD] / ctx.world_size
+    return {
+        "in": mine.numpy(),
+        "out": total_out.numpy(),
+        "stale": st["stale"],
+        "max": st["staleness"]["max"],
+        "keys": st["keys"],
+    }
 
 
 @pytest.mark.timeout(60)
@@ -174,8 +202,9 @@ def test_reduce_scatter_outside_a_scope_is_keyed_by_storage_and_stays_fresh():
 
 
 def _hsdp(ctx, delay_ops):
-    opts = dict(delay="exp:p99=40ms", delay_fraction=1.0, seed=3, staleness="ssp:2", step_ms=STEP_MS,
-                delay_ops=delay_ops)
+    opts = dict(
+        delay="exp:p99=40ms", delay_fraction=1.0, seed=3, staleness="ssp:2", step_ms=STEP_MS, delay_ops=delay_ops
+    )
     shard, replicas = ctx.group(**opts), ctx.group(**opts)  # HSDP's two stages: two groups, one scope
     out = torch.empty(2)
     with record_function(SCOPE):
@@ -190,8 +219,13 @@ def _hsdp(ctx, delay_ops):
 def test_hsdp_with_both_stages_stale_is_refused_on_every_rank():
     for msg in run_threads(lambda ctx: _hsdp(ctx, "all"), 2, timeout=30):
         assert isinstance(msg, str), "HSDP's all-reduce across replicas went stale after its reduce-scatter"
-        for part in ("staleness does not support HSDP (fully_shard on a 2-D mesh) with both stages stale", SCOPE,
-                     "1-D mesh", "delay_ops=_reduce_scatter_base", "delay_ops=allreduce"):
+        for part in (
+            "staleness does not support HSDP (fully_shard on a 2-D mesh) with both stages stale",
+            SCOPE,
+            "1-D mesh",
+            "delay_ops=_reduce_scatter_base",
+            "delay_ops=allreduce",
+        ):
             assert part in msg, msg
 
 
@@ -203,8 +237,9 @@ def test_hsdp_with_one_stage_stale_runs(delay_ops):
 
 
 def _replicate_scope(ctx, steps):
-    g = ctx.group(delay="exp:p99=40ms", delay_fraction=0.5, seed=3, staleness="ssp:2", stale_policy="apply",
-                  step_ms=STEP_MS)
+    g = ctx.group(
+        delay="exp:p99=40ms", delay_fraction=0.5, seed=3, staleness="ssp:2", stale_policy="apply", step_ms=STEP_MS
+    )
     total = 0.0
     for _ in range(steps):
         t = torch.ones(3)

@@ -47,16 +47,20 @@ def test_parse_size_takes_the_callers_bound():
         parse_size("2G", max_bytes=1 << 30)
 
 
-@pytest.mark.parametrize("text, spec", [(" exp:p99=400ms ", "exp:p99=400ms"), ("off", "none"), ("0", "none"),
-                                        ("const:5ms", "const:5ms")])
+@pytest.mark.parametrize(
+    "text, spec", [(" exp:p99=400ms ", "exp:p99=400ms"), ("off", "none"), ("0", "none"), ("const:5ms", "const:5ms")]
+)
 def test_delay_spec_accepts_the_backends_syntax(text, spec):
     assert args.delay_spec(text) == spec
 
 
-@pytest.mark.parametrize("text, why", [
-    ("const:50", "const duration '50' has no unit"),
-    ("gauss:p50=3ms", "unknown family 'gauss'"),
-])
+@pytest.mark.parametrize(
+    "text, why",
+    [
+        ("const:50", "const duration '50' has no unit"),
+        ("gauss:p50=3ms", "unknown family 'gauss'"),
+    ],
+)
 def test_delay_spec_reports_the_native_parsers_reason(text, why):
     message = _refuses(args.delay_spec, text)
     assert message.startswith(f"invalid delay spec {text!r}: {why}"), message

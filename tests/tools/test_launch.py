@@ -17,8 +17,7 @@ FAST = {"start_method": "forkserver", "preload": ("tests.tools._targets",)}
 @pytest.mark.timeout(120)
 def test_results_messages_and_environment_of_every_rank():
     seen = []
-    out = run_ranks(_targets.echo, 3, ("t",), env={"DC_TEST_ENV": "x"}, on_message=lambda *m: seen.append(m),
-                    **FAST)
+    out = run_ranks(_targets.echo, 3, ("t",), env={"DC_TEST_ENV": "x"}, on_message=lambda *m: seen.append(m), **FAST)
     assert out.ok and not out.timed_out and out.errors == {}
     assert out.results == {0: ("t", 0, 3, "x"), 1: ("t", 1, 3, "x"), 2: ("t", 2, 3, "x")}
     assert sorted(seen) == [("hello", 0, "0/3"), ("hello", 1, "1/3"), ("hello", 2, "2/3")]
@@ -53,11 +52,14 @@ def test_the_deadline_stops_every_rank():
     assert time.monotonic() - t0 < 30
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"nproc": 0}, "nproc must be >= 1, got 0"),
-    ({"start_method": "fork"}, "start_method must be 'spawn' or 'forkserver', got 'fork'"),
-    ({"preload": ("os",)}, "preload needs start_method='forkserver'"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"nproc": 0}, "nproc must be >= 1, got 0"),
+        ({"start_method": "fork"}, "start_method must be 'spawn' or 'forkserver', got 'fork'"),
+        ({"preload": ("os",)}, "preload needs start_method='forkserver'"),
+    ],
+)
 def test_bad_arguments(kwargs, message):
     with pytest.raises(ValueError, match=f"^run_ranks: {message}"):
         run_ranks(_targets.echo, **{"nproc": 1, **kwargs})

@@ -13,10 +13,26 @@ from delaycomm._tools.output import jsonable, write_json
 
 
 def test_jsonable_converts_numpy_tuples_sets_and_non_finite_floats():
-    doc = {"a": np.float32(1.5), "b": np.int64(3), "c": (1, 2), "d": np.arange(3), "e": {2, 1}, "f": math.inf,
-           "g": [np.bool_(True)], 7: None}
-    assert jsonable(doc) == {"a": 1.5, "b": 3, "c": [1, 2], "d": [0, 1, 2], "e": [1, 2], "f": None, "g": [True],
-                             "7": None}
+    doc = {
+        "a": np.float32(1.5),
+        "b": np.int64(3),
+        "c": (1, 2),
+        "d": np.arange(3),
+        "e": {2, 1},
+        "f": math.inf,
+        "g": [np.bool_(True)],
+        7: None,
+    }
+    assert jsonable(doc) == {
+        "a": 1.5,
+        "b": 3,
+        "c": [1, 2],
+        "d": [0, 1, 2],
+        "e": [1, 2],
+        "f": None,
+        "g": [True],
+        "7": None,
+    }
 
 
 def test_jsonable_names_what_has_no_json_form():

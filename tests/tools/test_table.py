@@ -17,15 +17,21 @@ COLUMNS = (
 
 
 def test_header_units_and_rows_line_up():
-    rows = [{"name": "allreduce", "p50": 12.345, "calls": 10, "errors": 0},
-            {"name": "broadcast_with_a_long_name", "p50": None, "calls": 123456789, "errors": 2}]
+    rows = [
+        {"name": "allreduce", "p50": 12.345, "calls": 10, "errors": 0},
+        {"name": "broadcast_with_a_long_name", "p50": None, "calls": 123456789, "errors": 2},
+    ]
     lines = format_table(COLUMNS, rows, header=["title line"]).splitlines()
     assert lines[0] == "# title line"
     bar, names, units, r0, r1 = lines[1:]
     assert names.split() == ["#", "name", "p50", "calls", "errors"]
     assert units.split() == ["#", "(us)"]
-    assert r0.split() == ["allreduce", "12.3", "10", "0"] and r1.split() == ["broadcast_with_a_long_name", "-",
-                                                                            "123456789", "2"]
+    assert r0.split() == ["allreduce", "12.3", "10", "0"] and r1.split() == [
+        "broadcast_with_a_long_name",
+        "-",
+        "123456789",
+        "2",
+    ]
     # every right-aligned column ends at the same place in the header and the rows; the name column widened
     for word in ("p50", "calls", "errors"):
         end = names.index(word) + len(word)
@@ -50,7 +56,8 @@ def test_bad_alignment_is_refused():
         Column("a", align="^")
 
 
-@pytest.mark.parametrize("value, text", [(None, "-"), (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan"),
-                                         (1.25, "1.2"), (3, "3.0")])
+@pytest.mark.parametrize(
+    "value, text", [(None, "-"), (math.inf, "inf"), (-math.inf, "-inf"), (math.nan, "nan"), (1.25, "1.2"), (3, "3.0")]
+)
 def test_cell_text(value, text):
     assert cell_text(value, "{:.1f}") == text

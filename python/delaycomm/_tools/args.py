@@ -16,8 +16,9 @@ from delaycomm._tools.units import parse_size
 __all__ = ["number", "integer", "size", "size_list", "delay_spec", "check_delay_spec", "output_path", "choices_list"]
 
 
-def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = False,
-           hi_open: bool = False) -> Callable[[str], float]:
+def number(
+    lo: float | None = None, hi: float | None = None, *, lo_open: bool = False, hi_open: bool = False
+) -> Callable[[str], float]:
     """A finite number in the interval given (``lo_open``/``hi_open``: the bound itself excluded)."""
     if lo is not None and hi is not None:
         lb, rb = ("(" if lo_open else "["), (")" if hi_open else "]")
@@ -34,8 +35,11 @@ def number(lo: float | None = None, hi: float | None = None, *, lo_open: bool = 
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected {accepted}") from None
-        if (not math.isfinite(v) or (lo is not None and (v < lo or (lo_open and v == lo)))
-                or (hi is not None and (v > hi or (hi_open and v == hi)))):
+        if (
+            not math.isfinite(v)
+            or (lo is not None and (v < lo or (lo_open and v == lo)))
+            or (hi is not None and (v > hi or (hi_open and v == hi)))
+        ):
             raise argparse.ArgumentTypeError(f"{text} is out of range; expected {accepted}")
         return v
 
@@ -141,9 +145,11 @@ def output_path(suffixes: Sequence[str] = (), stdout: bool = False) -> Callable[
     return parse
 
 
-def choices_list(choices: Sequence[str], what: str, aliases: dict[str, str] | None = None
-                 ) -> Callable[[str], tuple[str, ...]]:
+def choices_list(
+    choices: Sequence[str], what: str, aliases: dict[str, str] | None = None
+) -> Callable[[str], tuple[str, ...]]:
     """A comma-separated list of ``choices`` (each once, in the order given; ``aliases`` map other spellings)."""
+
     def parse(text: str) -> tuple[str, ...]:
         names = [n.strip().lower() for n in text.split(",")]
         names = [(aliases or {}).get(n, n) for n in names]
@@ -151,7 +157,8 @@ def choices_list(choices: Sequence[str], what: str, aliases: dict[str, str] | No
         if not text.strip() or bad:
             raise argparse.ArgumentTypeError(
                 f"unknown {what} {', '.join(repr(b) for b in bad) or repr(text)}; expected a comma-separated list "
-                "of: " + ", ".join(choices))
+                "of: " + ", ".join(choices)
+            )
         return tuple(dict.fromkeys(names))
 
     parse.__name__ = f"{what} list"

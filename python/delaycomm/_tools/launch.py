@@ -92,10 +92,19 @@ def _rank_main(target: Callable[..., Any], rank: int, nproc: int, args: tuple, m
         messages.join_thread()
 
 
-def run_ranks(target: Callable[..., Any], nproc: int, args: Sequence[Any] = (), *, start_method: str = "spawn",
-              preload: Sequence[str] = (), env: dict[str, str] | None = None, deadline_s: float | None = None,
-              grace_s: float = 0.0, on_message: Callable[[str, int, Any], None] | None = None,
-              name: str = "rank") -> Outcome:
+def run_ranks(
+    target: Callable[..., Any],
+    nproc: int,
+    args: Sequence[Any] = (),
+    *,
+    start_method: str = "spawn",
+    preload: Sequence[str] = (),
+    env: dict[str, str] | None = None,
+    deadline_s: float | None = None,
+    grace_s: float = 0.0,
+    on_message: Callable[[str, int, Any], None] | None = None,
+    name: str = "rank",
+) -> Outcome:
     """Run ``target`` in ``nproc`` fresh processes and collect what each reports.
 
     Args:
@@ -129,8 +138,12 @@ def run_ranks(target: Callable[..., Any], nproc: int, args: Sequence[Any] = (), 
         ctx.set_forkserver_preload(list(preload))
     messages = ctx.Queue()
     rank_env = {**os.environ, **(env or {})}
-    procs = [ctx.Process(target=_rank_main, args=(target, r, nproc, tuple(args), messages, rank_env),
-                         name=f"{name}{r}", daemon=True) for r in range(nproc)]
+    procs = [
+        ctx.Process(
+            target=_rank_main, args=(target, r, nproc, tuple(args), messages, rank_env), name=f"{name}{r}", daemon=True
+        )
+        for r in range(nproc)
+    ]
     started = time.monotonic()
     deadline = started + deadline_s if deadline_s is not None else float("inf")
     results: dict[int, Any] = {}

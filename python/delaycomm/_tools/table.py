@@ -71,8 +71,9 @@ class Column:
         return cell_text(v, self.fmt, self.missing)
 
 
-def format_rows(columns: Sequence[Column], rows: Sequence[Sequence[str]], header: Sequence[str] = (),
-                sep: str = "  ") -> str:
+def format_rows(
+    columns: Sequence[Column], rows: Sequence[Sequence[str]], header: Sequence[str] = (), sep: str = "  "
+) -> str:
     """A table of cells already formatted (one list of strings per row, one string per column).
 
     Args:
@@ -91,8 +92,9 @@ def format_rows(columns: Sequence[Column], rows: Sequence[Sequence[str]], header
         if len(r) != len(columns):
             raise ValueError(f"format_rows: row {i} has {len(r)} cells, expected {len(columns)} (one per column)")
     units = [f"({c.unit})" if c.unit else "" for c in columns]
-    widths = [max([c.width, len(c.name), len(u)] + [len(r[i]) for r in rows])
-              for i, (c, u) in enumerate(zip(columns, units))]
+    widths = [
+        max([c.width, len(c.name), len(u)] + [len(r[i]) for r in rows]) for i, (c, u) in enumerate(zip(columns, units))
+    ]
 
     def line(cells: Sequence[str]) -> str:
         return sep.join(f"{t:{c.align}{w}}" for t, c, w in zip(cells, columns, widths)).rstrip()
@@ -107,8 +109,7 @@ def format_rows(columns: Sequence[Column], rows: Sequence[Sequence[str]], header
     return "\n".join(out)
 
 
-def format_table(columns: Sequence[Column], rows: Sequence[Any], header: Sequence[str] = (),
-                 sep: str = "  ") -> str:
+def format_table(columns: Sequence[Column], rows: Sequence[Any], header: Sequence[str] = (), sep: str = "  ") -> str:
     """A table of ``rows`` (any objects; each column's ``value`` or ``key`` reads its cell).
 
     Args:
@@ -131,7 +132,7 @@ def _group_bar(columns: Sequence[Column], widths: Sequence[int], sep: str) -> st
         j = i
         while j + 1 < len(columns) and columns[j + 1].group == columns[i].group:
             j += 1
-        span = sum(widths[i:j + 1]) + len(sep) * (j - i)
+        span = sum(widths[i : j + 1]) + len(sep) * (j - i)
         label = columns[i].group
         parts.append(f" {label} ".center(span, "-") if label else " " * span)
         i = j + 1

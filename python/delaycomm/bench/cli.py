@@ -36,7 +36,8 @@ def _backends(text: str) -> tuple[str, ...]:
     if bad or not names:
         raise argparse.ArgumentTypeError(
             f"unknown backend {', '.join(repr(b) for b in bad) or repr(text)}; expected a comma-separated list of: "
-            + ", ".join(_BACKENDS))
+            + ", ".join(_BACKENDS)
+        )
     if len(set(names)) != len(names):
         raise argparse.ArgumentTypeError(f"{text!r} names a backend twice")
     if sum(n in RAW_BACKENDS for n in names) > 1:
@@ -50,65 +51,180 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m delaycomm.bench",
         description="nccl-tests-style collective microbenchmarks: delaycomm side by side with the raw backend it "
-                    "wraps (gloo on CPU, nccl on GPU), interleaved repeats, and a CI gate on their ratio.",
+        "wraps (gloo on CPU, nccl on GPU), interleaved repeats, and a CI gate on their ratio.",
         epilog="sizes are binary (4K = 4096 B). Columns and formulas: docs/bench.md. Exit status: 0 ok; 1 the gate "
-               "failed or a result was wrong; 2 bad input; 3 the run failed.")
+        "failed or a result was wrong; 2 bad input; 3 the run failed.",
+    )
     g = p.add_argument_group("sweep")
     g.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size (default 8)")
     g.add_argument("-e", "--maxbytes", type=_size, default=64 << 20, metavar="SIZE", help="largest size (default 64M)")
-    g.add_argument("-f", "--stepfactor", type=argtypes.integer(2), default=2, metavar="F",
-                   help="multiply the size by F each step (default 2)")
-    g.add_argument("-i", "--stepbytes", type=_size, default=None, metavar="SIZE",
-                   help="add SIZE each step instead of multiplying")
-    g.add_argument("-n", "--iters", type=argtypes.integer(1), default=50, metavar="N",
-                   help="timed calls per size, backend and repeat (default 50)")
-    g.add_argument("-w", "--warmup-iters", type=argtypes.integer(0), default=5, metavar="N",
-                   help="untimed calls before each timed batch (default 5)")
-    g.add_argument("-r", "--repeats", type=argtypes.integer(1), default=3, metavar="R",
-                   help="repeats of the whole sweep, for the gate's majority rule (default 3)")
-    g.add_argument("--interleave", choices=("call", "block"), default="call",
-                   help="call: one call of each backend in turn (A B A B, default); block: -n calls of one backend, "
-                        "then of the next (the order alternates between repeats and sizes)")
+    g.add_argument(
+        "-f",
+        "--stepfactor",
+        type=argtypes.integer(2),
+        default=2,
+        metavar="F",
+        help="multiply the size by F each step (default 2)",
+    )
+    g.add_argument(
+        "-i", "--stepbytes", type=_size, default=None, metavar="SIZE", help="add SIZE each step instead of multiplying"
+    )
+    g.add_argument(
+        "-n",
+        "--iters",
+        type=argtypes.integer(1),
+        default=50,
+        metavar="N",
+        help="timed calls per size, backend and repeat (default 50)",
+    )
+    g.add_argument(
+        "-w",
+        "--warmup-iters",
+        type=argtypes.integer(0),
+        default=5,
+        metavar="N",
+        help="untimed calls before each timed batch (default 5)",
+    )
+    g.add_argument(
+        "-r",
+        "--repeats",
+        type=argtypes.integer(1),
+        default=3,
+        metavar="R",
+        help="repeats of the whole sweep, for the gate's majority rule (default 3)",
+    )
+    g.add_argument(
+        "--interleave",
+        choices=("call", "block"),
+        default="call",
+        help="call: one call of each backend in turn (A B A B, default); block: -n calls of one backend, "
+        "then of the next (the order alternates between repeats and sizes)",
+    )
     g.add_argument("-c", "--check", type=int, choices=(0, 1), default=1, help="check results: #wrong (default 1)")
-    g.add_argument("-o", "--op", choices=tuple(collectives.REDOPS), default="sum",
-                   help="reduction op of all_reduce and reduce_scatter (default sum)")
-    g.add_argument("-d", "--datatype", type=_dtype, default="float32", metavar="DTYPE",
-                   help="element type: " + ", ".join(collectives.DTYPES) + " (default float32)")
-    g.add_argument("-C", "--collective", type=_collectives, default=("all_reduce",), metavar="NAMES",
-                   help="comma-separated: " + ", ".join(collectives.COLLECTIVES) + " (default all_reduce)")
+    g.add_argument(
+        "-o",
+        "--op",
+        choices=tuple(collectives.REDOPS),
+        default="sum",
+        help="reduction op of all_reduce and reduce_scatter (default sum)",
+    )
+    g.add_argument(
+        "-d",
+        "--datatype",
+        type=_dtype,
+        default="float32",
+        metavar="DTYPE",
+        help="element type: " + ", ".join(collectives.DTYPES) + " (default float32)",
+    )
+    g.add_argument(
+        "-C",
+        "--collective",
+        type=_collectives,
+        default=("all_reduce",),
+        metavar="NAMES",
+        help="comma-separated: " + ", ".join(collectives.COLLECTIVES) + " (default all_reduce)",
+    )
     g.add_argument("--root", type=argtypes.integer(0), default=0, help="broadcast root (default 0)")
     b = p.add_argument_group("backends and ranks")
-    b.add_argument("--backends", type=_backends, default=None, metavar="LIST",
-                   help="comma-separated, side by side (default: delaycomm,gloo on cpu, delaycomm,nccl on cuda)")
-    b.add_argument("--nccl-algo", action="append", default=None, metavar="VALUE",
-                   help="run delaycomm once per value of its nccl_algo option (repeatable: tree, ring, auto...)")
-    b.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
-                   help="tensor device (default auto: cuda when available)")
-    b.add_argument("--nproc", type=argtypes.integer(1), default=None, metavar="N",
-                   help="ranks to spawn (default 2; under torchrun the launcher's ranks are used)")
-    b.add_argument("--delay", type=argtypes.delay_spec, default=None, metavar="SPEC",
-                   help="delaycomm's delay option (e.g. const:5ms, exp:p99=400ms): shows the latency it produces")
-    b.add_argument("--delay-fraction", type=argtypes.number(0.0), default=None, metavar="F",
-                   help="delaycomm's delay_fraction option, in [0, 1]")
-    b.add_argument("--timeout", type=argtypes.number(1.0), default=300.0, metavar="S",
-                   help="process-group timeout in seconds (default 300)")
+    b.add_argument(
+        "--backends",
+        type=_backends,
+        default=None,
+        metavar="LIST",
+        help="comma-separated, side by side (default: delaycomm,gloo on cpu, delaycomm,nccl on cuda)",
+    )
+    b.add_argument(
+        "--nccl-algo",
+        action="append",
+        default=None,
+        metavar="VALUE",
+        help="run delaycomm once per value of its nccl_algo option (repeatable: tree, ring, auto...)",
+    )
+    b.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="tensor device (default auto: cuda when available)",
+    )
+    b.add_argument(
+        "--nproc",
+        type=argtypes.integer(1),
+        default=None,
+        metavar="N",
+        help="ranks to spawn (default 2; under torchrun the launcher's ranks are used)",
+    )
+    b.add_argument(
+        "--delay",
+        type=argtypes.delay_spec,
+        default=None,
+        metavar="SPEC",
+        help="delaycomm's delay option (e.g. const:5ms, exp:p99=400ms): shows the latency it produces",
+    )
+    b.add_argument(
+        "--delay-fraction",
+        type=argtypes.number(0.0),
+        default=None,
+        metavar="F",
+        help="delaycomm's delay_fraction option, in [0, 1]",
+    )
+    b.add_argument(
+        "--timeout",
+        type=argtypes.number(1.0),
+        default=300.0,
+        metavar="S",
+        help="process-group timeout in seconds (default 300)",
+    )
     o = p.add_argument_group("output and gate")
-    o.add_argument("--json", nargs="?", const="-", type=argtypes.output_path(stdout=True), default=None, metavar="FILE",
-                   help="write the run record (raw times, statistics, environment) as JSON to FILE, or to stdout "
-                        "without FILE (then no table)")
-    o.add_argument("--plot", type=argtypes.output_path(PLOT_EXTENSIONS), default=None, metavar="FILE.png",
-                   help="latency and busbw against size, one line per backend")
-    o.add_argument("--from-json", default=None, metavar="FILE",
-                   help="report (table, --plot, --compare) a saved run instead of measuring")
-    o.add_argument("--compare", default=None, metavar="BASELINE.json",
-                   help="gate: exit 1 when delaycomm/raw ratios are worse than the baseline's by --max-slowdown")
-    o.add_argument("--max-slowdown", type=argtypes.number(1.0), default=1.10, metavar="X",
-                   help="allowed factor on the baseline ratio (default 1.10)")
-    o.add_argument("--confirm", type=argtypes.integer(0), default=1, metavar="N",
-                   help="measure sizes that fail the gate again, up to N times, in fresh ranks; a size fails only if "
-                        "it fails every time (default 1; not under torchrun or --from-json)")
-    o.add_argument("--progress", choices=("auto", "on", "off"), default="auto",
-                   help="progress bar on stderr (default auto: when stderr is a terminal)")
+    o.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        type=argtypes.output_path(stdout=True),
+        default=None,
+        metavar="FILE",
+        help="write the run record (raw times, statistics, environment) as JSON to FILE, or to stdout "
+        "without FILE (then no table)",
+    )
+    o.add_argument(
+        "--plot",
+        type=argtypes.output_path(PLOT_EXTENSIONS),
+        default=None,
+        metavar="FILE.png",
+        help="latency and busbw against size, one line per backend",
+    )
+    o.add_argument(
+        "--from-json",
+        default=None,
+        metavar="FILE",
+        help="report (table, --plot, --compare) a saved run instead of measuring",
+    )
+    o.add_argument(
+        "--compare",
+        default=None,
+        metavar="BASELINE.json",
+        help="gate: exit 1 when delaycomm/raw ratios are worse than the baseline's by --max-slowdown",
+    )
+    o.add_argument(
+        "--max-slowdown",
+        type=argtypes.number(1.0),
+        default=1.10,
+        metavar="X",
+        help="allowed factor on the baseline ratio (default 1.10)",
+    )
+    o.add_argument(
+        "--confirm",
+        type=argtypes.integer(0),
+        default=1,
+        metavar="N",
+        help="measure sizes that fail the gate again, up to N times, in fresh ranks; a size fails only if "
+        "it fails every time (default 1; not under torchrun or --from-json)",
+    )
+    o.add_argument(
+        "--progress",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="progress bar on stderr (default auto: when stderr is a terminal)",
+    )
     return p
 
 
@@ -140,8 +256,10 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
     else:
         world = nproc = a.nproc or 2
     if device == "cuda" and world > torch.cuda.device_count():
-        p.error(f"argument --nproc: {world} ranks need {world} GPUs (NCCL refuses two ranks on one GPU); "
-                f"this machine has {torch.cuda.device_count()}")
+        p.error(
+            f"argument --nproc: {world} ranks need {world} GPUs (NCCL refuses two ranks on one GPU); "
+            f"this machine has {torch.cuda.device_count()}"
+        )
     if a.root >= world:
         p.error(f"argument --root: {a.root} is not a rank of a {world}-rank run")
     options: dict[str, Any] = {}
@@ -159,7 +277,7 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
             continue
         for algo in variants:
             opts = dict(options) if algo is None else {**options, "nccl_algo": algo}
-            flag = ("--nccl-algo" if algo is not None else "--delay" if "delay" in opts else "--delay-fraction")
+            flag = "--nccl-algo" if algo is not None else "--delay" if "delay" in opts else "--delay-fraction"
             try:
                 delaycomm.DelayConfig(**opts)
             except ValueError as e:
@@ -169,9 +287,22 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
             label = "delaycomm" if algo is None else f"delaycomm[{algo}]"
             backends.append(Backend(label=label, name="delaycomm", options=opts))
     progress = a.progress == "on" or (a.progress == "auto" and sys.stderr.isatty())
-    settings = Settings(collectives=a.collective, sizes=tuple(sizes), dtype=a.datatype, redop=a.op, iters=a.iters,
-                        warmup=a.warmup_iters, repeats=a.repeats, interleave=a.interleave, check=a.check,
-                        root=a.root, device=device, backends=tuple(backends), timeout_s=a.timeout, progress=progress)
+    settings = Settings(
+        collectives=a.collective,
+        sizes=tuple(sizes),
+        dtype=a.datatype,
+        redop=a.op,
+        iters=a.iters,
+        warmup=a.warmup_iters,
+        repeats=a.repeats,
+        interleave=a.interleave,
+        check=a.check,
+        root=a.root,
+        device=device,
+        backends=tuple(backends),
+        timeout_s=a.timeout,
+        progress=progress,
+    )
     if a.compare and (settings.raw is None or not any(b.is_delaycomm for b in backends)):
         p.error("argument --compare: the gate compares delaycomm with a raw backend: --backends needs both")
     return settings, nproc
@@ -229,8 +360,11 @@ def main(argv: list[str] | None = None) -> int:
         for attempt in range(a.confirm if not a.from_json and nproc is not None else 0):
             if not verdict.to_confirm:
                 break
-            print(f"# gate: {len(verdict.to_confirm)} sizes over the limit; confirmation run {attempt + 1} of "
-                  f"{a.confirm} on those sizes", file=out)
+            print(
+                f"# gate: {len(verdict.to_confirm)} sizes over the limit; confirmation run {attempt + 1} of "
+                f"{a.confirm} on those sizes",
+                file=out,
+            )
             again = _measure(_only(settings, verdict.to_confirm), nproc)
             if isinstance(again, str):
                 print(f"error: the confirmation run failed: {again}", file=sys.stderr)
@@ -246,8 +380,11 @@ def _only(settings: Settings, verdicts) -> Settings:
     """The settings restricted to the collectives and sizes of ``verdicts`` (a confirmation run)."""
     import dataclasses
 
-    return dataclasses.replace(settings, collectives=tuple(dict.fromkeys(v.collective for v in verdicts)),
-                               sizes=tuple(sorted({v.size_bytes for v in verdicts})))
+    return dataclasses.replace(
+        settings,
+        collectives=tuple(dict.fromkeys(v.collective for v in verdicts)),
+        sizes=tuple(sorted({v.size_bytes for v in verdicts})),
+    )
 
 
 def _measure(settings: Settings, nproc: int | None) -> dict[str, Any] | str | None:

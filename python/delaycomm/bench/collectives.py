@@ -27,11 +27,26 @@ __all__ = ["Collective", "COLLECTIVES", "REDOPS", "DTYPES", "get"]
 REDOPS = {"sum": "SUM", "prod": "PRODUCT", "min": "MIN", "max": "MAX", "avg": "AVG"}
 # dtypes: CLI name -> (torch attribute, bytes per element). Aliases map to the same entries.
 DTYPES = {
-    "float32": ("float32", 4), "float64": ("float64", 8), "float16": ("float16", 2), "bfloat16": ("bfloat16", 2),
-    "int8": ("int8", 1), "uint8": ("uint8", 1), "int32": ("int32", 4), "int64": ("int64", 8),
+    "float32": ("float32", 4),
+    "float64": ("float64", 8),
+    "float16": ("float16", 2),
+    "bfloat16": ("bfloat16", 2),
+    "int8": ("int8", 1),
+    "uint8": ("uint8", 1),
+    "int32": ("int32", 4),
+    "int64": ("int64", 8),
 }
-DTYPE_ALIASES = {"float": "float32", "double": "float64", "half": "float16", "bf16": "bfloat16", "fp32": "float32",
-                 "fp64": "float64", "fp16": "float16", "int": "int32", "long": "int64"}
+DTYPE_ALIASES = {
+    "float": "float32",
+    "double": "float64",
+    "half": "float16",
+    "bf16": "bfloat16",
+    "fp32": "float32",
+    "fp64": "float64",
+    "fp16": "float16",
+    "int": "int32",
+    "long": "int64",
+}
 # Relative tolerance of the check per floating dtype (only AVG can be inexact: all other results are small ints).
 _RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "float64": 1e-12}
 
@@ -262,8 +277,10 @@ def _resolve_tensor_ops():
     """torch >= 2.13 names the single-tensor forms ``*_single`` (the older names warn); older torch lacks them."""
     import torch.distributed as dist
 
-    return (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
-            getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor)
+    return (
+        getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor,
+        getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor,
+    )
 
 
 _ALL_GATHER = _REDUCE_SCATTER = None

@@ -50,8 +50,7 @@ def _make_group(backend: Backend, timeout: datetime.timedelta):
     if backend.is_delaycomm:
         import delaycomm
 
-        return dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(**backend.options),
-                              timeout=timeout)
+        return dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(**backend.options), timeout=timeout)
     return dist.new_group(backend=backend.name, timeout=timeout)
 
 
@@ -108,14 +107,23 @@ def _injected_delays(backends: tuple[Backend, ...], groups: dict, plan) -> list[
             op = ops.get(spec.stats_op)
             if op:
                 d = op["delay"]
-                out.append({"backend": b.label, "collective": spec.name, "calls": op["calls"],
-                            "delayed_calls": op["delayed_calls"], "p50_us": d["p50_us"], "p99_us": d["p99_us"],
-                            "max_us": d["max_us"]})
+                out.append(
+                    {
+                        "backend": b.label,
+                        "collective": spec.name,
+                        "calls": op["calls"],
+                        "delayed_calls": op["delayed_calls"],
+                        "p50_us": d["p50_us"],
+                        "p99_us": d["p99_us"],
+                        "max_us": d["max_us"],
+                    }
+                )
     return out
 
 
-def run_rank(rank: int, world_size: int, settings: Settings, init_method: str,
-             clock: Clock | None = None) -> dict[str, Any] | None:
+def run_rank(
+    rank: int, world_size: int, settings: Settings, init_method: str, clock: Clock | None = None
+) -> dict[str, Any] | None:
     """Measure everything ``settings`` asks for in this rank; return the run record on rank 0 (None elsewhere).
 
     Args:
@@ -148,14 +156,16 @@ def run_rank(rank: int, world_size: int, settings: Settings, init_method: str,
         record = _measure(rank, world_size, settings, groups, control, clock)
         if rank != 0:
             return None
-        record.update({
-            "format": FORMAT,
-            "settings": settings.as_dict(),
-            "world_size": world_size,
-            "environment": environment(settings),
-            "started_utc": started.isoformat(timespec="seconds"),
-            "elapsed_s": round(time.monotonic() - t_start, 3),
-        })
+        record.update(
+            {
+                "format": FORMAT,
+                "settings": settings.as_dict(),
+                "world_size": world_size,
+                "environment": environment(settings),
+                "started_utc": started.isoformat(timespec="seconds"),
+                "elapsed_s": round(time.monotonic() - t_start, 3),
+            }
+        )
         return record
     finally:
         dist.destroy_process_group()
@@ -217,8 +227,10 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
                     from delaycomm.bench.units import format_size
 
                     bar.set_description(f"repeat {rep + 1}/{reps} {spec.name} {format_size(count * elsize)}")
-                bufs = [spec.buffers(count, dtype, device, rank, n, settings.redop, settings.root, for_check=False)
-                        for _ in backends]
+                bufs = [
+                    spec.buffers(count, dtype, device, rank, n, settings.redop, settings.root, for_check=False)
+                    for _ in backends
+                ]
                 order = list(range(nb)) if (rep + pi) % 2 == 0 else list(reversed(range(nb)))
                 calls = [_bind(spec, bufs[bi], groups[backends[bi].label], settings) for bi in range(nb)]
                 # call: one call of each backend in turn (A B A B ...); block: all calls of A, then all of B.
@@ -240,19 +252,28 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
         if bar is not None:
             bar.close()
     dist.all_reduce(times, op=dist.ReduceOp.MAX, group=control)
-    wrong = [_check(spec, settings, groups, rank, n, count, dtype, control) if settings.check else None
-             for spec, count in plan]
+    wrong = [
+        _check(spec, settings, groups, rank, n, count, dtype, control) if settings.check else None
+        for spec, count in plan
+    ]
     injected = _injected_delays(backends, groups, plan)
     if rank != 0:
         return {}
     rows = []
     for pi, (spec, count) in enumerate(plan):
         for bi, b in enumerate(backends):
-            rows.append({"collective": spec.name, "size_bytes": count * elsize, "count": count,
-                         "dtype": settings.dtype, "redop": settings.redop if spec.reduces else "none",
-                         "backend": b.label,
-                         "times_us": [[round(t / 1e3, 3) for t in rep_times] for rep_times in times[pi, bi].tolist()],
-                         "wrong": None if wrong[pi] is None else wrong[pi][bi]})
+            rows.append(
+                {
+                    "collective": spec.name,
+                    "size_bytes": count * elsize,
+                    "count": count,
+                    "dtype": settings.dtype,
+                    "redop": settings.redop if spec.reduces else "none",
+                    "backend": b.label,
+                    "times_us": [[round(t / 1e3, 3) for t in rep_times] for rep_times in times[pi, bi].tolist()],
+                    "wrong": None if wrong[pi] is None else wrong[pi][bi],
+                }
+            )
     return {"rows": rows, "skipped": skipped, "backends": _backend_info(backends), "injected_delay": injected}
 
 

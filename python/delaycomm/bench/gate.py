@@ -63,13 +63,17 @@ class SizeVerdict:
         return dataclasses.replace(self, confirmation=tail)
 
     def describe(self) -> str:
-        text = (f"{self.collective} {format_size(self.size_bytes)} {self.backend}: ratio {self.ratio:.3f} > limit "
-                f"{self.limit:.3f} (baseline {self.baseline_ratio:.3f}; {self.repeats_over}/"
-                f"{len(self.repeat_ratios)} repeats over: {', '.join(f'{r:.3f}' for r in self.repeat_ratios)})")
+        text = (
+            f"{self.collective} {format_size(self.size_bytes)} {self.backend}: ratio {self.ratio:.3f} > limit "
+            f"{self.limit:.3f} (baseline {self.baseline_ratio:.3f}; {self.repeats_over}/"
+            f"{len(self.repeat_ratios)} repeats over: {', '.join(f'{r:.3f}' for r in self.repeat_ratios)})"
+        )
         c, k = self.confirmation, 1
         while c is not None:
-            text += (f"; confirmation run {k}: ratio {c.ratio:.3f}, {c.repeats_over}/{len(c.repeat_ratios)} repeats "
-                     "over" + ("" if c.failed_once else " (did not reproduce)"))
+            text += (
+                f"; confirmation run {k}: ratio {c.ratio:.3f}, {c.repeats_over}/{len(c.repeat_ratios)} repeats "
+                "over" + ("" if c.failed_once else " (did not reproduce)")
+            )
             c, k = c.confirmation, k + 1
         return text
 
@@ -113,20 +117,26 @@ class GateResult:
         ]
         for v in self.verdicts:
             verdict = "FAIL" if v.failed else "ok (not confirmed)" if v.failed_once else "ok"
-            lines.append(f"  {v.collective:<15}{format_size(v.size_bytes):>10} {v.backend:<26}{v.baseline_ratio:>9.3f}"
-                         f"{v.limit:>9.3f}{v.ratio:>9.3f}{v.repeats_over:>4}/{len(v.repeat_ratios):<2}  {verdict}")
+            lines.append(
+                f"  {v.collective:<15}{format_size(v.size_bytes):>10} {v.backend:<26}{v.baseline_ratio:>9.3f}"
+                f"{v.limit:>9.3f}{v.ratio:>9.3f}{v.repeats_over:>4}/{len(v.repeat_ratios):<2}  {verdict}"
+            )
         if self.missing:
             lines.append(f"# not measured in this run (ignored): {', '.join(self.missing)}")
         unconfirmed = [v for v in self.verdicts if v.failed_once and not v.failed]
         if unconfirmed:
-            lines.append("# failed once, then passed in the confirmation run (noise): "
-                         + "; ".join(v.describe() for v in unconfirmed))
+            lines.append(
+                "# failed once, then passed in the confirmation run (noise): "
+                + "; ".join(v.describe() for v in unconfirmed)
+            )
         if self.ok:
             lines.append(f"gate: PASS: no slowdown beyond x{self.max_slowdown:g} at {len(self.verdicts)} sizes")
         else:
             failed = self.failed
-            lines.append(f"gate: FAIL: delaycomm got slower relative to {self.raw} at {len(failed)} of "
-                         f"{len(self.verdicts)} sizes (max slowdown x{self.max_slowdown:g}):")
+            lines.append(
+                f"gate: FAIL: delaycomm got slower relative to {self.raw} at {len(failed)} of "
+                f"{len(self.verdicts)} sizes (max slowdown x{self.max_slowdown:g}):"
+            )
             lines += [f"  {v.describe()}" for v in failed]
         return "\n".join(lines)
 
@@ -135,8 +145,13 @@ def _setup(record: dict[str, Any]) -> dict[str, Any]:
     s = record["settings"]
     raw = raw_label(record)
     raw_name = next((b["name"] for b in s["backends"] if b["label"] == raw), None)
-    return {"world_size": record["world_size"], "device": s.get("device"), "dtype": s.get("dtype"),
-            "redop": s.get("redop"), "raw backend": raw_name}
+    return {
+        "world_size": record["world_size"],
+        "device": s.get("device"),
+        "dtype": s.get("dtype"),
+        "redop": s.get("redop"),
+        "raw backend": raw_name,
+    }
 
 
 def compare(current: dict[str, Any], baseline: dict[str, Any], max_slowdown: float) -> GateResult:
@@ -154,14 +169,19 @@ def compare(current: dict[str, Any], baseline: dict[str, Any], max_slowdown: flo
     mine, theirs = _setup(current), _setup(baseline)
     diff = [f"{k}: baseline {theirs[k]!r}, this run {mine[k]!r}" for k in mine if mine[k] != theirs[k]]
     if diff:
-        raise GateError("the baseline was measured with a different setup (" + "; ".join(diff)
-                        + "): measure a new baseline with the same settings")
+        raise GateError(
+            "the baseline was measured with a different setup ("
+            + "; ".join(diff)
+            + "): measure a new baseline with the same settings"
+        )
     cur = {(r.collective, r.size_bytes, r.backend): r for r in row_stats(current) if r.ratio is not None}
     base = {(r.collective, r.size_bytes, r.backend): r for r in row_stats(baseline) if r.ratio is not None}
     common = [k for k in base if k in cur]
     if not common:
-        raise GateError("this run and the baseline have no (collective, size, backend) in common: run the sizes, "
-                        "collectives and backends of the baseline")
+        raise GateError(
+            "this run and the baseline have no (collective, size, backend) in common: run the sizes, "
+            "collectives and backends of the baseline"
+        )
     verdicts = tuple(_verdict(cur[k], base[k], max_slowdown) for k in common)
     missing = tuple(f"{c} {format_size(s)} {b}" for (c, s, b) in base if (c, s, b) not in cur)
     return GateResult(max_slowdown=max_slowdown, raw=raw_label(current), verdicts=verdicts, missing=missing)
@@ -169,6 +189,12 @@ def compare(current: dict[str, Any], baseline: dict[str, Any], max_slowdown: flo
 
 def _verdict(cur: RowStats, base: RowStats, max_slowdown: float) -> SizeVerdict:
     baseline_ratio = statistics.median(base.repeat_ratios)
-    return SizeVerdict(collective=cur.collective, size_bytes=cur.size_bytes, backend=cur.backend,
-                       baseline_ratio=baseline_ratio, limit=max(1.0, baseline_ratio) * max_slowdown,
-                       ratio=statistics.median(cur.repeat_ratios), repeat_ratios=cur.repeat_ratios)
+    return SizeVerdict(
+        collective=cur.collective,
+        size_bytes=cur.size_bytes,
+        backend=cur.backend,
+        baseline_ratio=baseline_ratio,
+        limit=max(1.0, baseline_ratio) * max_slowdown,
+        ratio=statistics.median(cur.repeat_ratios),
+        repeat_ratios=cur.repeat_ratios,
+    )

@@ -28,8 +28,13 @@ def _rank(rank: int, world_size: int, post, entry, settings: Settings, init_meth
     return (entry or engine.run_rank)(rank, world_size, settings, init_method, clock)
 
 
-def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None,
-          entry: Callable[..., Any] | None = None, deadline_s: float | None = None) -> dict[str, Any]:
+def spawn(
+    nproc: int,
+    settings: Settings,
+    clock: Callable[[], int] | None = None,
+    entry: Callable[..., Any] | None = None,
+    deadline_s: float | None = None,
+) -> dict[str, Any]:
     """Run ``nproc`` ranks in fresh processes and return rank 0's record.
 
     Args:
@@ -51,15 +56,23 @@ def spawn(nproc: int, settings: Settings, clock: Callable[[], int] | None = None
     # confirmation run); CUDA ranks start as fresh interpreters, the way torchrun starts them.
     fork = settings.device == "cpu"
     try:
-        out = run_ranks(_rank, nproc, (entry, settings, init_method, clock), env=env, deadline_s=deadline_s,
-                        start_method="forkserver" if fork else "spawn", preload=_PRELOAD if fork else (),
-                        name="bench-rank")
+        out = run_ranks(
+            _rank,
+            nproc,
+            (entry, settings, init_method, clock),
+            env=env,
+            deadline_s=deadline_s,
+            start_method="forkserver" if fork else "spawn",
+            preload=_PRELOAD if fork else (),
+            name="bench-rank",
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     if out.errors:
         rank = next(iter(out.errors))  # the first to fail: the others may have failed waiting for it
         raise RunFailed(f"rank {rank} failed:\n{out.errors[rank]}")
     if out.timed_out:
-        raise RunFailed(f"ranks {sorted(set(range(nproc)) - set(out.results))} still running at the deadline: "
-                        "stopped them")
+        raise RunFailed(
+            f"ranks {sorted(set(range(nproc)) - set(out.results))} still running at the deadline: stopped them"
+        )
     return out.results[0]

@@ -33,8 +33,14 @@ def plot(record: dict[str, Any], path: str) -> None:
                 continue
             x = [r.size_bytes for r in rows]
             (line,) = lat.plot(x, [r.p50_us for r in rows], marker="o", ms=3, label=f"{label} p50")
-            lat.fill_between(x, [r.p50_us for r in rows], [r.p99_us for r in rows], color=line.get_color(),
-                             alpha=0.15, label=f"{label} p50-p99")
+            lat.fill_between(
+                x,
+                [r.p50_us for r in rows],
+                [r.p99_us for r in rows],
+                color=line.get_color(),
+                alpha=0.15,
+                label=f"{label} p50-p99",
+            )
             bw.plot(x, [r.busbw_GBps for r in rows], marker="o", ms=3, color=line.get_color(), label=label)
         for ax, ylabel in ((lat, "time per call (us, max over ranks)"), (bw, "busbw (GB/s)")):
             ax.set_xscale("log", base=2)
@@ -48,8 +54,11 @@ def plot(record: dict[str, Any], path: str) -> None:
         bw.set_title(f"{coll}: bus bandwidth")
     env = record.get("environment", {})
     s = record["settings"]
-    fig.suptitle(f"delaycomm bench: {record['world_size']} ranks, {s.get('device')}, {s.get('dtype')}, "
-                 f"torch {env.get('torch', '?')}, {env.get('machine', {}).get('cpu', '')}", fontsize=10)
+    fig.suptitle(
+        f"delaycomm bench: {record['world_size']} ranks, {s.get('device')}, {s.get('dtype')}, "
+        f"torch {env.get('torch', '?')}, {env.get('machine', {}).get('cpu', '')}",
+        fontsize=10,
+    )
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

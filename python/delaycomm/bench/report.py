@@ -67,11 +67,15 @@ def header_lines(record: dict[str, Any]) -> list[str]:
             keys = ("delay", "delay_fraction", "delay_where", "nccl_algo", "nccl_buffsize")
             lines.append(f"# {b['label']}: " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
     for d in record.get("injected_delay", []):
-        lines.append(f"# {d['backend']} injected delay on {d['collective']} (rank 0, delaycomm telemetry): "
-                     f"{d['delayed_calls']} of {d['calls']} calls delayed, p50 {d['p50_us']:.0f} us, "
-                     f"p99 {d['p99_us']:.0f} us, max {d['max_us']:.0f} us")
-    lines.append("# p50/p99: percentiles of per-call time, a call's time being the max over ranks; "
-                 "algbw = size / p50; busbw = algbw x bus factor (docs/bench.md)")
+        lines.append(
+            f"# {d['backend']} injected delay on {d['collective']} (rank 0, delaycomm telemetry): "
+            f"{d['delayed_calls']} of {d['calls']} calls delayed, p50 {d['p50_us']:.0f} us, "
+            f"p99 {d['p99_us']:.0f} us, max {d['max_us']:.0f} us"
+        )
+    lines.append(
+        "# p50/p99: percentiles of per-call time, a call's time being the max over ranks; "
+        "algbw = size / p50; busbw = algbw x bus factor (docs/bench.md)"
+    )
     if raw:
         lines.append(f"# ratio: median over repeats of p50(backend) / p50({raw}), measured interleaved in this run")
     return lines
@@ -103,8 +107,14 @@ def format_table(record: dict[str, Any]) -> str:
                 row.append("-" if r is None else c.text(r))
             cells.append(row)
         out.append("#")
-        out.append(format_rows([c for c, _ in schema], cells, sep=" ",
-                               header=[f"{coll}: busbw factor {spec.factor_text}, n = {record['world_size']}"]))
+        out.append(
+            format_rows(
+                [c for c, _ in schema],
+                cells,
+                sep=" ",
+                header=[f"{coll}: busbw factor {spec.factor_text}, n = {record['world_size']}"],
+            )
+        )
     for sk in record.get("skipped", []):
         out.append(f"# skipped {sk['collective']} {format_size(sk['size_bytes'])}: {sk['reason']}")
     wrong = sum(r.wrong or 0 for r in stats)
@@ -118,14 +128,19 @@ def format_table(record: dict[str, Any]) -> str:
 
 def stability_warnings(stats: list[RowStats], limit: int = 5) -> list[str]:
     """Rows whose repeats disagree by more than 10%, worst first, with what to do about it."""
-    shaky = sorted((r for r in stats if len(r.repeat_p50_us) > 1 and r.spread > SPREAD_WARN),
-                   key=lambda r: r.spread, reverse=True)
+    shaky = sorted(
+        (r for r in stats if len(r.repeat_p50_us) > 1 and r.spread > SPREAD_WARN), key=lambda r: r.spread, reverse=True
+    )
     if not shaky:
         return []
-    lines = [f"# warning: {len(shaky)} of {len(stats)} rows vary by more than {SPREAD_WARN:.0%} between repeats "
-             "(p50 max-min over median); the numbers are unstable: rerun on an idle machine, or with a larger "
-             "-n or --repeats"]
+    lines = [
+        f"# warning: {len(shaky)} of {len(stats)} rows vary by more than {SPREAD_WARN:.0%} between repeats "
+        "(p50 max-min over median); the numbers are unstable: rerun on an idle machine, or with a larger "
+        "-n or --repeats"
+    ]
     for r in shaky[:limit]:
-        lines.append(f"#   {r.collective} {format_size(r.size_bytes)} {r.backend}: {r.spread:.0%} "
-                     f"(p50 per repeat: {', '.join(f'{x:.1f}' for x in r.repeat_p50_us)} us)")
+        lines.append(
+            f"#   {r.collective} {format_size(r.size_bytes)} {r.backend}: {r.spread:.0%} "
+            f"(p50 per repeat: {', '.join(f'{x:.1f}' for x in r.repeat_p50_us)} us)"
+        )
     return lines

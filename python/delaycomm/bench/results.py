@@ -99,12 +99,27 @@ def row_stats(record: dict[str, Any]) -> list[RowStats]:
             raw_p50 = [percentile(rep, 50) for rep in raw_row["times_us"]]
             rep_ratios = tuple(a / b if b > 0 else math.inf for a, b in zip(rep_p50, raw_p50))
             ratio = statistics.median(rep_ratios)
-        out.append(RowStats(
-            collective=r["collective"], size_bytes=r["size_bytes"], count=r["count"], dtype=r["dtype"],
-            redop=r["redop"], backend=r["backend"], p50_us=p50, p99_us=percentile(flat, 99), min_us=min(flat),
-            max_us=max(flat), mean_us=statistics.fmean(flat), algbw_GBps=algbw, busbw_GBps=busbw,
-            repeat_p50_us=rep_p50, wrong=r.get("wrong"), ratio=ratio, repeat_ratios=rep_ratios,
-        ))
+        out.append(
+            RowStats(
+                collective=r["collective"],
+                size_bytes=r["size_bytes"],
+                count=r["count"],
+                dtype=r["dtype"],
+                redop=r["redop"],
+                backend=r["backend"],
+                p50_us=p50,
+                p99_us=percentile(flat, 99),
+                min_us=min(flat),
+                max_us=max(flat),
+                mean_us=statistics.fmean(flat),
+                algbw_GBps=algbw,
+                busbw_GBps=busbw,
+                repeat_p50_us=rep_p50,
+                wrong=r.get("wrong"),
+                ratio=ratio,
+                repeat_ratios=rep_ratios,
+            )
+        )
     return out
 
 
@@ -127,8 +142,10 @@ def save(record: dict[str, Any], path: str | None) -> str:
     out["rows"] = []
     for r in record["rows"]:
         s = stats[(r["collective"], r["size_bytes"], r["backend"])]
-        derived = {k: _finite(getattr(s, k)) for k in ("p50_us", "p99_us", "min_us", "max_us", "mean_us",
-                                                        "algbw_GBps", "busbw_GBps", "ratio")}
+        derived = {
+            k: _finite(getattr(s, k))
+            for k in ("p50_us", "p99_us", "min_us", "max_us", "mean_us", "algbw_GBps", "busbw_GBps", "ratio")
+        }
         derived["repeat_p50_us"] = list(s.repeat_p50_us)
         derived["repeat_ratios"] = [_finite(x) for x in s.repeat_ratios]
         out["rows"].append({**r, **derived})
@@ -172,9 +189,14 @@ def check_record(record: Any) -> None:
     if record.get("format") != FORMAT:
         raise ValueError(f"'format' is {record.get('format')!r}, expected {FORMAT!r}")
     settings = record.get("settings")
-    if not isinstance(settings, dict) or not isinstance(settings.get("backends"), list) or not all(
+    if (
+        not isinstance(settings, dict)
+        or not isinstance(settings.get("backends"), list)
+        or not all(
             isinstance(b, dict) and isinstance(b.get("label"), str) and isinstance(b.get("name"), str)
-            for b in settings["backends"]):
+            for b in settings["backends"]
+        )
+    ):
         raise ValueError("'settings.backends' must be a list of {label, name, options}")
     if not isinstance(record.get("world_size"), int) or record["world_size"] < 1:
         raise ValueError("'world_size' must be a positive integer")
@@ -192,7 +214,14 @@ def check_record(record: Any) -> None:
         if not isinstance(r["size_bytes"], int) or r["size_bytes"] <= 0:
             raise ValueError(f"rows[{i}]: 'size_bytes' must be a positive integer")
         t = r["times_us"]
-        if (not isinstance(t, list) or not t or not all(isinstance(rep, list) and rep for rep in t)
-                or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
-                           for rep in t for x in rep)):
+        if (
+            not isinstance(t, list)
+            or not t
+            or not all(isinstance(rep, list) and rep for rep in t)
+            or not all(
+                isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                for rep in t
+                for x in rep
+            )
+        ):
             raise ValueError(f"rows[{i}]: 'times_us' must be a non-empty list of non-empty lists of times >= 0")

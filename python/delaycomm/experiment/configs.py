@@ -42,20 +42,49 @@ class ExperimentConfig:
 CONFIGS: tuple[ExperimentConfig, ...] = (
     ExperimentConfig("gloo", "gloo", {}, False, "raw Gloo, no delaycomm: the reference"),
     ExperimentConfig("bsp", "delaycomm", {}, False, "delaycomm without delay (BSP): its overhead vs gloo"),
-    ExperimentConfig("bsp-delay", "delaycomm", {}, True,
-                     "network delay on a fraction of calls; BSP pays every delay as waiting"),
-    ExperimentConfig("straggler", "delaycomm", {"slowdown": "0:4x"}, False,
-                     "rank 0 computes 4x slower; BSP waits for it every step"),
-    ExperimentConfig("ssp2-ema", "delaycomm", {"staleness": "ssp:2", "stale_policy": "ema"}, True,
-                     "delay under SSP(2); late gradients blended by EMA (alpha 0.1)"),
-    ExperimentConfig("asp-apply", "delaycomm", {"staleness": "asp", "stale_policy": "apply"}, True,
-                     "delay under ASP; late gradients applied when they arrive"),
-    ExperimentConfig("asp-drop", "delaycomm", {"staleness": "asp", "stale_policy": "drop"}, True,
-                     "delay under ASP; late gradients dropped"),
-    ExperimentConfig("fsdp2-bsp-delay", "delaycomm", {}, True,
-                     "FSDP2 (fully_shard): network delay on a fraction of calls, paid as waiting", "fsdp2"),
-    ExperimentConfig("fsdp2-ssp2-ema", "delaycomm", {"staleness": "ssp:2", "stale_policy": "ema"}, True,
-                     "FSDP2: the reduce-scatters' delay under SSP(2), late gradients blended by EMA", "fsdp2"),
+    ExperimentConfig(
+        "bsp-delay", "delaycomm", {}, True, "network delay on a fraction of calls; BSP pays every delay as waiting"
+    ),
+    ExperimentConfig(
+        "straggler", "delaycomm", {"slowdown": "0:4x"}, False, "rank 0 computes 4x slower; BSP waits for it every step"
+    ),
+    ExperimentConfig(
+        "ssp2-ema",
+        "delaycomm",
+        {"staleness": "ssp:2", "stale_policy": "ema"},
+        True,
+        "delay under SSP(2); late gradients blended by EMA (alpha 0.1)",
+    ),
+    ExperimentConfig(
+        "asp-apply",
+        "delaycomm",
+        {"staleness": "asp", "stale_policy": "apply"},
+        True,
+        "delay under ASP; late gradients applied when they arrive",
+    ),
+    ExperimentConfig(
+        "asp-drop",
+        "delaycomm",
+        {"staleness": "asp", "stale_policy": "drop"},
+        True,
+        "delay under ASP; late gradients dropped",
+    ),
+    ExperimentConfig(
+        "fsdp2-bsp-delay",
+        "delaycomm",
+        {},
+        True,
+        "FSDP2 (fully_shard): network delay on a fraction of calls, paid as waiting",
+        "fsdp2",
+    ),
+    ExperimentConfig(
+        "fsdp2-ssp2-ema",
+        "delaycomm",
+        {"staleness": "ssp:2", "stale_policy": "ema"},
+        True,
+        "FSDP2: the reduce-scatters' delay under SSP(2), late gradients blended by EMA",
+        "fsdp2",
+    ),
 )
 _BY_NAME = {c.name: c for c in CONFIGS}
 
@@ -71,9 +100,7 @@ def select_configs(names: Sequence[str] | None) -> list[ExperimentConfig]:
     out: list[ExperimentConfig] = []
     for name in names:
         if name not in _BY_NAME:
-            raise ValueError(
-                f"--configs: unknown config {name!r}; accepted: {', '.join(_BY_NAME)}"
-            )
+            raise ValueError(f"--configs: unknown config {name!r}; accepted: {', '.join(_BY_NAME)}")
         if _BY_NAME[name] in out:
             raise ValueError(f"--configs: config {name!r} is listed twice")
         out.append(_BY_NAME[name])
@@ -82,8 +109,7 @@ def select_configs(names: Sequence[str] | None) -> list[ExperimentConfig]:
     return out
 
 
-def resolved_options(config: ExperimentConfig, delay: str, seed: int,
-                     step_ms: float | None = None) -> dict[str, Any]:
+def resolved_options(config: ExperimentConfig, delay: str, seed: int, step_ms: float | None = None) -> dict[str, Any]:
     """The DelayConfig keywords a config runs with (empty for the raw gloo reference).
 
     ``step_ms`` None leaves the backend to calibrate it (``step_ms="auto"``).

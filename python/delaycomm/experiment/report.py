@@ -39,7 +39,10 @@ def _staleness(ranks: Sequence[dict]) -> dict[str, Any] | None:
         return None
     b = blocks[0]
     return {
-        "steps": b["steps"], "fresh": b["fresh"], "stale": b["stale"], "dropped": b["dropped"],
+        "steps": b["steps"],
+        "fresh": b["fresh"],
+        "stale": b["stale"],
+        "dropped": b["dropped"],
         "stale_fresh_ratio": b["stale"] / b["fresh"] if b["fresh"] else None,
         "staleness_mean_steps": b["staleness"]["mean"] if b["staleness"]["count"] else 0.0,
         "staleness_max_steps": b["staleness"]["max"] if b["staleness"]["count"] else 0.0,
@@ -50,8 +53,12 @@ def _staleness(ranks: Sequence[dict]) -> dict[str, Any] | None:
 def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
     """One config's record: what it was, its status and, when it ran, its metrics and curves."""
     out: dict[str, Any] = {
-        "name": config.name, "backend": config.backend, "description": config.description,
-        "options": run["options"], "status": run["status"], "message": run["message"],
+        "name": config.name,
+        "backend": config.backend,
+        "description": config.description,
+        "options": run["options"],
+        "status": run["status"],
+        "message": run["message"],
         "startup_s": run.get("startup_s"),
     }
     ranks = run["ranks"]
@@ -66,13 +73,18 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
     step_s = np.max([r["step_s"][:n] for r in ranks], axis=0)
     wall_s = max(r["wall_s"] for r in ranks)
     metrics: dict[str, Any] = {
-        "test_accuracy": r0["test_accuracy"], "test_loss": r0["test_loss"],
+        "test_accuracy": r0["test_accuracy"],
+        "test_loss": r0["test_loss"],
         "train_accuracy": r0["train_accuracy"],
-        "initial_train_loss": r0["initial_train_loss"], "final_train_loss": r0["final_train_loss"],
+        "initial_train_loss": r0["initial_train_loss"],
+        "final_train_loss": r0["final_train_loss"],
         "loss_fell": r0["final_train_loss"] < r0["initial_train_loss"],
         "pending_keys_at_end": r0.get("pending_keys_at_end", 0),
-        "steps": n, "epochs": len(r0["epochs"]), "stopped_by_budget": r0["stopped_by_budget"],
-        "wall_s": wall_s, "steps_per_s": n / wall_s if wall_s > 0 else 0.0,
+        "steps": n,
+        "epochs": len(r0["epochs"]),
+        "stopped_by_budget": r0["stopped_by_budget"],
+        "wall_s": wall_s,
+        "steps_per_s": n / wall_s if wall_s > 0 else 0.0,
         "step_p50_ms": float(np.percentile(step_s, 50)) * 1e3 if n else None,
         "step_p99_ms": float(np.percentile(step_s, 99)) * 1e3 if n else None,
     }
@@ -87,8 +99,8 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
         metrics["slowed_calls"] = sum(b.get("calls", 0) for b in slow)
         # total time the slowdown made the callers wait: mean x count per rank, the largest over ranks
         metrics["slowdown_wait_s"] = max(
-            (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")),
-            default=0.0)
+            (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")), default=0.0
+        )
         metrics["staleness"] = _staleness(ranks)
     out["metrics"] = metrics
     out["curves"] = {
@@ -97,8 +109,7 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
         "loss": np.mean([r["losses"][:n] for r in ranks], axis=0).tolist(),
     }
     out["epochs"] = r0["epochs"]
-    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "step_s", "end_s", "epochs")}
-                    for r in ranks]
+    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "step_s", "end_s", "epochs")} for r in ranks]
     return out
 
 
@@ -166,8 +177,9 @@ def plot(records: Sequence[dict], path: str, title: str) -> None:
         axes[0].plot(c["step"], loss, label=rec["name"], lw=1.2)
         axes[1].plot(c["t_s"], loss, label=rec["name"], lw=1.2)
         ep = rec["epochs"]
-        axes[2].plot([e["t_s"] for e in ep], [100.0 * e["test_accuracy"] for e in ep], marker=".",
-                     label=rec["name"], lw=1.2)
+        axes[2].plot(
+            [e["t_s"] for e in ep], [100.0 * e["test_accuracy"] for e in ep], marker=".", label=rec["name"], lw=1.2
+        )
     axes[0].set(xlabel="step", ylabel="training loss (mean over ranks, smoothed)", yscale="log")
     axes[1].set(xlabel="wall clock (s)", ylabel="training loss", yscale="log")
     axes[2].set(xlabel="wall clock (s)", ylabel="test accuracy (%)")

@@ -21,8 +21,11 @@ __all__ = ["run_experiment", "header_lines"]
 def header_lines(doc: dict[str, Any]) -> list[str]:
     """The ``#`` lines above the table: what was run, with what, where."""
     hp, ds, m, v = doc["hyper"], doc["dataset"], doc["machine"], doc["versions"]
-    epochs = f"{hp['epochs']} epochs" if hp["budget_s"] is None else (
-        f"budget {hp['budget_s']:g} s (at most {hp['epochs']} epochs)")
+    epochs = (
+        f"{hp['epochs']} epochs"
+        if hp["budget_s"] is None
+        else (f"budget {hp['budget_s']:g} s (at most {hp['epochs']} epochs)")
+    )
     lines = [
         f"delaycomm.experiment: {ds['name']} ({ds['n_train']} train / {ds['n_test']} test), model {hp['model']} "
         f"({MODELS[hp['model']][1]}), {hp['nproc']} ranks x {ds['steps_per_epoch']} steps/epoch, {epochs}",
@@ -57,21 +60,34 @@ def run_experiment(hp: Hyper, configs: Sequence[ExperimentConfig], progress: boo
     if spe < 1:
         raise ValueError(
             f"argument --batch-size: expected at most {len(data['x_train']) // hp.nproc} (the {len(data['x_train'])} "
-            f"training samples split over {hp.nproc} ranks), got {hp.batch_size}")
+            f"training samples split over {hp.nproc} ranks), got {hp.batch_size}"
+        )
     doc: dict[str, Any] = {
-        "tool": "delaycomm.experiment", "argv": sys.argv, "machine": machine_info(),
+        "tool": "delaycomm.experiment",
+        "argv": sys.argv,
+        "machine": machine_info(),
         "versions": versions(("torch", "numpy", "scikit-learn")),
         "hyper": dataclasses.asdict(hp),
-        "dataset": {"name": "sklearn digits", "n_train": len(data["x_train"]), "n_test": len(data["x_test"]),
-                    "features": int(data["x_train"].shape[1]), "classes": int(data["n_classes"]),
-                    "steps_per_epoch": spe},
+        "dataset": {
+            "name": "sklearn digits",
+            "n_train": len(data["x_train"]),
+            "n_test": len(data["x_test"]),
+            "features": int(data["x_train"].shape[1]),
+            "classes": int(data["n_classes"]),
+            "steps_per_epoch": spe,
+        },
         "ignored_env": sorted(k for k in os.environ if k.startswith("DELAYCOMM_") and k != "DELAYCOMM_LOG_LEVEL"),
         "configs": [],
     }
     total = None if hp.budget_s is not None else len(configs) * hp.epochs * spe
     runner = Runner()
-    with tqdm(total=total, unit="step", file=sys.stderr, disable=(None if progress is None else not progress),
-              dynamic_ncols=True) as bar:
+    with tqdm(
+        total=total,
+        unit="step",
+        file=sys.stderr,
+        disable=(None if progress is None else not progress),
+        dynamic_ncols=True,
+    ) as bar:
         for config in configs:
             bar.set_description(config.name)
             done = [0]

@@ -27,8 +27,13 @@ _GRACE_S = 10.0
 # the fork server imports them once per experiment instead of once per rank per config. Importing them starts no
 # thread, so forking stays safe. (Not imported by worker.py itself: the command line imports worker.py for its
 # model table and must not pay for them.)
-_PRELOAD = ("delaycomm.experiment.worker", "torch._dynamo", "torch.distributed._functional_collectives",
-            "torch.distributed.fsdp", "torch.distributed.tensor")
+_PRELOAD = (
+    "delaycomm.experiment.worker",
+    "torch._dynamo",
+    "torch.distributed._functional_collectives",
+    "torch.distributed.fsdp",
+    "torch.distributed.tensor",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,10 +65,8 @@ def load_digits_split(seed: int, test_fraction: float) -> dict[str, np.ndarray]:
     x, y = load_digits(return_X_y=True)
     x = (x / 16.0).astype(np.float32)
     y = y.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(
-        x, y, test_size=test_fraction, random_state=seed, stratify=y)
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test,
-            "n_classes": np.int64(10)}
+    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
+    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test, "n_classes": np.int64(10)}
 
 
 class Runner:
@@ -76,8 +79,9 @@ class Runner:
         self.port = self._store.port
         self._runs = 0
 
-    def run(self, config: ExperimentConfig, hp: Hyper, data: dict[str, np.ndarray],
-            progress: Callable[[int], None]) -> dict[str, Any]:
+    def run(
+        self, config: ExperimentConfig, hp: Hyper, data: dict[str, np.ndarray], progress: Callable[[int], None]
+    ) -> dict[str, Any]:
         """Train ``config`` on ``hp.nproc`` fresh processes.
 
         Returns:
@@ -89,9 +93,18 @@ class Runner:
         self._runs += 1
         options = resolved_options(config, hp.delay, hp.seed, hp.step_ms)
         job = {
-            "backend": config.backend, "options": options, "model": hp.model, "epochs": hp.epochs,
-            "batch_size": hp.batch_size, "lr": hp.lr, "momentum": hp.momentum, "seed": hp.seed,
-            "budget_s": hp.budget_s, "timeout_s": hp.timeout_s, "progress_every": 5, "parallel": config.parallel,
+            "backend": config.backend,
+            "options": options,
+            "model": hp.model,
+            "epochs": hp.epochs,
+            "batch_size": hp.batch_size,
+            "lr": hp.lr,
+            "momentum": hp.momentum,
+            "seed": hp.seed,
+            "budget_s": hp.budget_s,
+            "timeout_s": hp.timeout_s,
+            "progress_every": 5,
+            "parallel": config.parallel,
         }
         prefix = f"delaycomm-experiment/{self._runs}-{config.name}/"
         started = time.monotonic()
@@ -107,9 +120,17 @@ class Runner:
                 if len(ready) == hp.nproc:
                     startup_s = time.monotonic() - started
 
-        outcome = run_ranks(run_rank, hp.nproc, (self.port, prefix, job, data), start_method="forkserver",
-                            preload=_PRELOAD, deadline_s=hp.timeout_s, grace_s=_GRACE_S, on_message=on_message,
-                            name=f"experiment-{config.name}-rank")
+        outcome = run_ranks(
+            run_rank,
+            hp.nproc,
+            (self.port, prefix, job, data),
+            start_method="forkserver",
+            preload=_PRELOAD,
+            deadline_s=hp.timeout_s,
+            grace_s=_GRACE_S,
+            on_message=on_message,
+            name=f"experiment-{config.name}-rank",
+        )
         results = outcome.results
         # A rank's error is (kind, message) from the worker, or a description of how its process ended.
         errors = {r: e if isinstance(e, tuple) else ("failed", e) for r, e in outcome.errors.items()}
@@ -118,16 +139,14 @@ class Runner:
         out: dict[str, Any] = {"options": options, "startup_s": startup_s, "ranks": [], "message": ""}
         if timed_out and not errors:
             out["status"] = "timeout"
-            out["message"] = (f"timed out after {hp.timeout_s:g} s (--timeout) with {len(results)}/{hp.nproc} "
-                              f"ranks done")
+            out["message"] = f"timed out after {hp.timeout_s:g} s (--timeout) with {len(results)}/{hp.nproc} ranks done"
         elif errors:
             kinds = {k for k, _ in errors.values()}
             out["status"] = "unavailable" if kinds == {"unavailable"} else "failed"
             if out["status"] == "unavailable":
                 out["message"] = "not available in this build: " + errors[min(errors)][1]
             else:
-                out["message"] = "; ".join(f"rank {r}: {m}" for r, (k, m) in sorted(errors.items())
-                                           if k == "failed")
+                out["message"] = "; ".join(f"rank {r}: {m}" for r, (k, m) in sorted(errors.items()) if k == "failed")
         else:
             out["status"] = "ok"
             out["ranks"] = [results[r] for r in range(hp.nproc)]

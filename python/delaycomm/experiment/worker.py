@@ -120,7 +120,7 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     for epoch in range(job["epochs"]):
         idx = torch.from_numpy(shard_indices(len(x_train), world, rank, bs, job["seed"], epoch))
         for s in range(spe):
-            batch = idx[s * bs:(s + 1) * bs]
+            batch = idx[s * bs : (s + 1) * bs]
             start = time.perf_counter()
             loss = F.cross_entropy(ddp(x_train[batch]), y_train[batch])
             opt.zero_grad(set_to_none=True)
@@ -141,8 +141,15 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
                     stop = True
                     break
         test_loss, test_acc = _evaluate(model, x_test, y_test)
-        epochs.append({"epoch": epoch + 1, "step": len(losses), "t_s": time.perf_counter() - t0,
-                       "test_loss": test_loss, "test_accuracy": test_acc})
+        epochs.append(
+            {
+                "epoch": epoch + 1,
+                "step": len(losses),
+                "t_s": time.perf_counter() - t0,
+                "test_loss": test_loss,
+                "test_accuracy": test_acc,
+            }
+        )
         if stop:
             break
     wall_s = time.perf_counter() - t0
@@ -157,16 +164,29 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     final_train_loss, train_acc = _evaluate(model, x_train, y_train)
     test_loss, test_acc = _evaluate(model, x_test, y_test)
     return {
-        "rank": rank, "pid": os.getpid(), "wall_s": wall_s, "steps": len(losses), "steps_per_epoch": spe,
-        "losses": losses, "step_s": step_s, "end_s": end_s, "epochs": epochs,
-        "initial_train_loss": initial_train_loss, "final_train_loss": final_train_loss,
-        "train_accuracy": train_acc, "test_loss": test_loss, "test_accuracy": test_acc,
-        "stopped_by_budget": stop, "pending_keys_at_end": pending_at_end, "stats": stats,
+        "rank": rank,
+        "pid": os.getpid(),
+        "wall_s": wall_s,
+        "steps": len(losses),
+        "steps_per_epoch": spe,
+        "losses": losses,
+        "step_s": step_s,
+        "end_s": end_s,
+        "epochs": epochs,
+        "initial_train_loss": initial_train_loss,
+        "final_train_loss": final_train_loss,
+        "train_accuracy": train_acc,
+        "test_loss": test_loss,
+        "test_accuracy": test_acc,
+        "stopped_by_budget": stop,
+        "pending_keys_at_end": pending_at_end,
+        "stats": stats,
     }
 
 
-def run_rank(rank: int, world: int, post, port: int, prefix: str, job: dict[str, Any],
-             data: dict[str, np.ndarray]) -> dict[str, Any]:
+def run_rank(
+    rank: int, world: int, post, port: int, prefix: str, job: dict[str, Any], data: dict[str, np.ndarray]
+) -> dict[str, Any]:
     """Entry point of one rank (a target of :func:`delaycomm._tools.launch.run_ranks`): posts "ready" and
     "progress", returns the rank's measurements, raises :class:`RankError` with ``(kind, message)``, kind
     "unavailable" (the config's options are refused by this build) or "failed"."""
@@ -179,12 +199,17 @@ def run_rank(rank: int, world: int, post, port: int, prefix: str, job: dict[str,
         del os.environ[name]
     phase = "init"
     try:
-        store = dist.TCPStore("127.0.0.1", port, None, is_master=False,
-                              timeout=timedelta(seconds=job["timeout_s"]))
+        store = dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=timedelta(seconds=job["timeout_s"]))
         store = dist.PrefixStore(prefix, store)
         pg_options = delaycomm.DelayConfig(**job["options"]) if job["backend"] == "delaycomm" else None
-        dist.init_process_group(job["backend"], store=store, rank=rank, world_size=world,
-                                timeout=timedelta(seconds=job["timeout_s"]), pg_options=pg_options)
+        dist.init_process_group(
+            job["backend"],
+            store=store,
+            rank=rank,
+            world_size=world,
+            timeout=timedelta(seconds=job["timeout_s"]),
+            pg_options=pg_options,
+        )
         phase = "train"
         post("ready")
         result = _train(rank, world, job, data, post)

@@ -95,8 +95,13 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     g = common.add_argument_group("run control")
     g.add_argument("--seed", type=any_int, default=0, help="first run seed; seeds SEED..SEED+K-1 are run (default 0)")
-    g.add_argument("--seeds", type=count, default=None, metavar="K",
-                   help="runs per row, one per seed (default: table 8, scenarios 4, run 1)")
+    g.add_argument(
+        "--seeds",
+        type=count,
+        default=None,
+        metavar="K",
+        help="runs per row, one per seed (default: table 8, scenarios 4, run 1)",
+    )
     g.add_argument("--json", metavar="FILE", help="write the measurements as JSON to FILE ('-' for stdout)")
     g.add_argument("--plot", metavar="DIR", help="write PNG plots (loss vs wall clock, staleness histograms) into DIR")
     g.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -104,15 +109,28 @@ def build_parser() -> argparse.ArgumentParser:
     c = common.add_argument_group("cluster (defaults: seed 002's inferred setting, see docs/sim.md)")
     c.add_argument("--workers", type=count, help="number of workers N (default 8)")
     c.add_argument("--budget", type=positive, metavar="SECONDS", help="simulated wall-clock budget (default 400)")
-    c.add_argument("--straggler", type=positive, metavar="FACTOR",
-                   help="compute-time factor of the straggler(s) (default 4)")
+    c.add_argument(
+        "--straggler", type=positive, metavar="FACTOR", help="compute-time factor of the straggler(s) (default 4)"
+    )
     c.add_argument("--stragglers", type=non_negative_int, metavar="K", help="ranks 0..K-1 are stragglers (default 1)")
-    c.add_argument("--base-time", type=positive, metavar="SECONDS",
-                   help="mean compute time of a normal worker's gradient (default 0.92)")
-    c.add_argument("--comm", type=non_negative, metavar="SECONDS",
-                   help="fixed push+pull time per step, paid by the worker (default 0.07)")
-    c.add_argument("--jitter", type=jitter_arg, metavar="SPEC",
-                   help="compute-time jitter: none, lognormal:SIGMA, exp:FRAC, uniform:W (default lognormal:0.2)")
+    c.add_argument(
+        "--base-time",
+        type=positive,
+        metavar="SECONDS",
+        help="mean compute time of a normal worker's gradient (default 0.92)",
+    )
+    c.add_argument(
+        "--comm",
+        type=non_negative,
+        metavar="SECONDS",
+        help="fixed push+pull time per step, paid by the worker (default 0.07)",
+    )
+    c.add_argument(
+        "--jitter",
+        type=jitter_arg,
+        metavar="SPEC",
+        help="compute-time jitter: none, lognormal:SIGMA, exp:FRAC, uniform:W (default lognormal:0.2)",
+    )
     c.add_argument("--lr", type=positive, help="base learning rate (default 1.0)")
     c.add_argument("--batch", type=count, help="mini-batch rows per gradient (default 64)")
 
@@ -124,47 +142,101 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="{table,scenarios,run}")
 
-    t = sub.add_parser("table", parents=[common],
-                       help="reproduce seed 002's table (and the max-staleness sweep); the default command",
-                       description="Run BSP, SSP(s) and ASP to the same wall-clock budget and print seed 002's "
-                       "table, with the published numbers and whether each is within seed-to-seed noise.")
-    t.add_argument("--lead", type=count, default=2, metavar="S",
-                   help="lead bound of the table's SSP row, lead:S (default 2)")
-    t.add_argument("--sweep", type=bounds_list, default=[2, 8, None], metavar="LIST",
-                   help="lead bounds of the max-staleness sweep (default 2,8,inf)")
+    t = sub.add_parser(
+        "table",
+        parents=[common],
+        help="reproduce seed 002's table (and the max-staleness sweep); the default command",
+        description="Run BSP, SSP(s) and ASP to the same wall-clock budget and print seed 002's "
+        "table, with the published numbers and whether each is within seed-to-seed noise.",
+    )
+    t.add_argument(
+        "--lead", type=count, default=2, metavar="S", help="lead bound of the table's SSP row, lead:S (default 2)"
+    )
+    t.add_argument(
+        "--sweep",
+        type=bounds_list,
+        default=[2, 8, None],
+        metavar="LIST",
+        help="lead bounds of the max-staleness sweep (default 2,8,inf)",
+    )
 
-    s = sub.add_parser("scenarios", parents=[common], help="heavy-tailed delay, stale policies, step-size rules",
-                       description="Beyond the seed: the models, the stale policies and the step-size rules under a "
-                       "heavy-tailed worker-to-server delay, judged at a short and a long budget.")
-    s.add_argument("--delay", type=argtypes.delay_spec, default=ex.HEAVY_TAIL_DELAY, metavar="SPEC",
-                   help=f"network delay of every update (default {ex.HEAVY_TAIL_DELAY})")
-    s.add_argument("--short-budget", type=positive, default=50.0, metavar="SECONDS",
-                   help="the short budget the losses are also read at (default 50)")
+    s = sub.add_parser(
+        "scenarios",
+        parents=[common],
+        help="heavy-tailed delay, stale policies, step-size rules",
+        description="Beyond the seed: the models, the stale policies and the step-size rules under a "
+        "heavy-tailed worker-to-server delay, judged at a short and a long budget.",
+    )
+    s.add_argument(
+        "--delay",
+        type=argtypes.delay_spec,
+        default=ex.HEAVY_TAIL_DELAY,
+        metavar="SPEC",
+        help=f"network delay of every update (default {ex.HEAVY_TAIL_DELAY})",
+    )
+    s.add_argument(
+        "--short-budget",
+        type=positive,
+        default=50.0,
+        metavar="SECONDS",
+        help="the short budget the losses are also read at (default 50)",
+    )
 
-    r = sub.add_parser("run", parents=[common], help="simulate one configuration",
-                       description="Simulate one configuration (every knob) and print its row.")
+    r = sub.add_parser(
+        "run",
+        parents=[common],
+        help="simulate one configuration",
+        description="Simulate one configuration (every knob) and print its row.",
+    )
     which = r.add_mutually_exclusive_group()
     # default None, not "asp": argparse does not notice a conflict when a value is the default object.
-    which.add_argument("--model", type=model_arg, default=None,
-                       help="bsp, asp, lead:S (SSP: a worker at most S >= 1 applied steps ahead of the slowest; not "
-                            "the backend's ssp:S, see docs/sim.md) or lead:inf (default asp)")
+    which.add_argument(
+        "--model",
+        type=model_arg,
+        default=None,
+        help="bsp, asp, lead:S (SSP: a worker at most S >= 1 applied steps ahead of the slowest; not "
+        "the backend's ssp:S, see docs/sim.md) or lead:inf (default asp)",
+    )
     which.add_argument("--lead", type=lead_arg, metavar="S", help="shorthand for --model lead:S (S >= 1 or inf)")
-    r.add_argument("--delay", type=argtypes.delay_spec, default="none", metavar="SPEC",
-                   help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, "
-                        "lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default "
-                        "none)")
-    r.add_argument("--delay-fraction", type=fraction, default=1.0, metavar="P",
-                   help="fraction of updates delayed, in [0, 1] (default 1)")
-    r.add_argument("--delay-where", choices=("network", "host"), default="network",
-                   help="network: the worker goes on while its update is in flight; host: it waits (default network)")
+    r.add_argument(
+        "--delay",
+        type=argtypes.delay_spec,
+        default="none",
+        metavar="SPEC",
+        help="network delay of each update, the backend's syntax: exp:p99=400ms, exp:mean=400ms, "
+        "lognormal:p50=60ms,p99=400ms, pareto:p50=..,p99=.., const:50ms, trace:FILE, none (default "
+        "none)",
+    )
+    r.add_argument(
+        "--delay-fraction",
+        type=fraction,
+        default=1.0,
+        metavar="P",
+        help="fraction of updates delayed, in [0, 1] (default 1)",
+    )
+    r.add_argument(
+        "--delay-where",
+        choices=("network", "host"),
+        default="network",
+        help="network: the worker goes on while its update is in flight; host: it waits (default network)",
+    )
     r.add_argument("--policy", choices=POLICIES, default="apply", help="stale policy (default apply)")
-    r.add_argument("--alpha", type=unit_open, default=0.1,
-                   help="EMA blend weight of stale contributions, in (0, 1] (default 0.1)")
-    r.add_argument("--stale-after", type=non_negative_int, metavar="TAU",
-                   help="largest staleness counted as fresh by drop/ema (default N-1)")
+    r.add_argument(
+        "--alpha", type=unit_open, default=0.1, help="EMA blend weight of stale contributions, in (0, 1] (default 0.1)"
+    )
+    r.add_argument(
+        "--stale-after",
+        type=non_negative_int,
+        metavar="TAU",
+        help="largest staleness counted as fresh by drop/ema (default N-1)",
+    )
     r.add_argument("--step", choices=STEP_RULES, default="const", help="step-size rule (default const)")
-    r.add_argument("--dc-lambda", type=non_negative, default=0.04,
-                   help="DC-ASGD lambda (dcasgd) or lambda0 (dcasgd-a) (default 0.04)")
+    r.add_argument(
+        "--dc-lambda",
+        type=non_negative,
+        default=0.04,
+        help="DC-ASGD lambda (dcasgd) or lambda0 (dcasgd-a) (default 0.04)",
+    )
     r.add_argument("--radius", type=positive, default=10.0, help="projection radius R of the anytime rule (default 10)")
     t.set_defaults(handler=cmd_table, subparser=t)
     s.set_defaults(handler=cmd_scenarios, subparser=s)
@@ -202,7 +274,7 @@ def _progress(args: argparse.Namespace, desc: str):
 def _rows(specs, results, progress_offset=0) -> list[Row]:
     rows, k = [], progress_offset
     for name, cfgs, published in specs:
-        runs = results[k:k + len(cfgs)]
+        runs = results[k : k + len(cfgs)]
         k += len(cfgs)
         rows.append(Row(name, runs, published if isinstance(published, dict) else None))
     return rows
@@ -232,8 +304,10 @@ def cmd_table(args: argparse.Namespace) -> int:
         row.name = row.runs[0].title
     sweep_rows = _rows([(m, c, None) for m, c, _ in sweep], results, sum(len(c) for _, c, _ in specs))
     cfg = rows[0].runs[0].config
-    print(f"# delaycomm.sim table: N={cfg.workers}, {cfg.stragglers} straggler(s) at {cfg.straggler:g}x, "
-          f"budget {cfg.budget:g} s, seeds {seeds[0]}..{seeds[-1]} ({k} run(s) per row, mean ±sd)")
+    print(
+        f"# delaycomm.sim table: N={cfg.workers}, {cfg.stragglers} straggler(s) at {cfg.straggler:g}x, "
+        f"budget {cfg.budget:g} s, seeds {seeds[0]}..{seeds[-1]} ({k} run(s) per row, mean ±sd)"
+    )
     print(format_table(rows, title="consistency model"))
     print()
     sweep_cols = [c for c in COLUMNS if c.key in ("mean_staleness", "max_staleness")]
@@ -246,11 +320,15 @@ def cmd_table(args: argparse.Namespace) -> int:
         checks = ex.check_published(rows) + ex.check_published(sweep_rows)
         bad = [c for c in checks if not c.ok]
         print()
-        print(f"# published numbers within noise (|mean - published| <= max(2 sd, floor)): "
-              f"{len(checks) - len(bad)}/{len(checks)}")
+        print(
+            f"# published numbers within noise (|mean - published| <= max(2 sd, floor)): "
+            f"{len(checks) - len(bad)}/{len(checks)}"
+        )
         for c in bad:
-            print(f"#   MISS {c.row} {c.column}: published {c.published:g}, ours {c.mean:.4g} ±{c.sd:.2g}, "
-                  f"off by {abs(c.mean - c.published):.3g} > tolerance {c.tolerance:.3g}")
+            print(
+                f"#   MISS {c.row} {c.column}: published {c.published:g}, ours {c.mean:.4g} ±{c.sd:.2g}, "
+                f"off by {abs(c.mean - c.published):.3g} > tolerance {c.tolerance:.3g}"
+            )
     elif overrides:
         print("\n# settings differ from seed 002's: published numbers not compared")
     print(f"# {len(set(configs))} distinct runs in {elapsed:.1f} s")
@@ -259,17 +337,42 @@ def cmd_table(args: argparse.Namespace) -> int:
         opt = _optimum(rows[0].runs[0].config)
         print("# plot:", plot_loss(series, f"{args.plot}/table_loss.png", "loss vs wall clock (seed 002 setting)", opt))
         print("# plot:", plot_staleness(series, f"{args.plot}/table_staleness.png", "staleness per model"))
-        print("# plot:", plot_staleness([(r.name, r.runs) for r in sweep_rows], f"{args.plot}/sweep_staleness.png",
-                                        "staleness vs lead bound"))
+        print(
+            "# plot:",
+            plot_staleness(
+                [(r.name, r.runs) for r in sweep_rows], f"{args.plot}/sweep_staleness.png", "staleness vs lead bound"
+            ),
+        )
     if args.json:
-        write_json(args.json, {
-            "command": "table", "seeds": seeds, "elapsed_s": elapsed,
-            "rows": [{"name": r.name, "model": r.runs[0].label, "published": r.published, "summary": _summary(r),
-                      "runs": [result_record(x) for x in r.runs]} for r in rows],
-            "sweep": [{"name": r.name, "model": r.runs[0].label, "published": r.published, "summary": _summary(r),
-                       "max_staleness": [x.max_staleness for x in r.runs]} for r in sweep_rows],
-            "checks": [dataclasses.asdict(c) for c in checks],
-        })
+        write_json(
+            args.json,
+            {
+                "command": "table",
+                "seeds": seeds,
+                "elapsed_s": elapsed,
+                "rows": [
+                    {
+                        "name": r.name,
+                        "model": r.runs[0].label,
+                        "published": r.published,
+                        "summary": _summary(r),
+                        "runs": [result_record(x) for x in r.runs],
+                    }
+                    for r in rows
+                ],
+                "sweep": [
+                    {
+                        "name": r.name,
+                        "model": r.runs[0].label,
+                        "published": r.published,
+                        "summary": _summary(r),
+                        "max_staleness": [x.max_staleness for x in r.runs],
+                    }
+                    for r in sweep_rows
+                ],
+                "checks": [dataclasses.asdict(c) for c in checks],
+            },
+        )
     return 0
 
 
@@ -304,8 +407,12 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             for b in budgets:
                 row.extra[f"loss_{b:g}"] = (f"loss@{b:g}s", "log-loss", [ex.loss_at(x, b) for x in row.runs], 4)
             # The worst loss of the second half: a very stale update at a large step shows up as a spike.
-            row.extra["peak_loss"] = ("peak, 2nd half", "log-loss",
-                                      [ex.peak_loss(x, long_budget / 2) for x in row.runs], 4)
+            row.extra["peak_loss"] = (
+                "peak, 2nd half",
+                "log-loss",
+                [ex.peak_loss(x, long_budget / 2) for x in row.runs],
+                4,
+            )
         print(f"\n## {title}")
         print(format_table(rows, extra_cols, title="configuration"))
         verdicts = ex.winners(rows, budgets)
@@ -313,18 +420,30 @@ def cmd_scenarios(args: argparse.Namespace) -> int:
             tied = f"; not distinguishable (2 SE): {', '.join(v.ties)}" if v.ties else ""
             kind = "short" if v.budget == budgets[0] else "long"
             print(f"#   best at {v.budget:g} s ({kind} budget): {v.best} (mean loss {v.loss:.4f}){tied}")
-        payload["groups"].append({
-            "title": title,
-            "verdicts": [dataclasses.asdict(v) for v in verdicts],
-            "rows": [{"name": r.name, "summary": _summary(r), "runs": [result_record(x) for x in r.runs]}
-                     for r in rows],
-        })
+        payload["groups"].append(
+            {
+                "title": title,
+                "verdicts": [dataclasses.asdict(v) for v in verdicts],
+                "rows": [
+                    {"name": r.name, "summary": _summary(r), "runs": [result_record(x) for x in r.runs]} for r in rows
+                ],
+            }
+        )
         if args.plot:
             slug = title.split(",")[0].split(" (")[0].replace(" ", "_").replace("-", "_")
-            print("# plot:", plot_loss([(r.name, r.runs) for r in rows], f"{args.plot}/scenario_{slug}_loss.png",
-                                       title, _optimum(rows[0].runs[0].config)))
-            print("# plot:", plot_staleness([(r.name, r.runs) for r in rows],
-                                            f"{args.plot}/scenario_{slug}_staleness.png", title))
+            print(
+                "# plot:",
+                plot_loss(
+                    [(r.name, r.runs) for r in rows],
+                    f"{args.plot}/scenario_{slug}_loss.png",
+                    title,
+                    _optimum(rows[0].runs[0].config),
+                ),
+            )
+            print(
+                "# plot:",
+                plot_staleness([(r.name, r.runs) for r in rows], f"{args.plot}/scenario_{slug}_staleness.png", title),
+            )
     print(f"\n# {len(set(configs))} distinct runs in {elapsed:.1f} s")
     if args.json:
         payload["elapsed_s"] = elapsed
@@ -337,10 +456,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     seeds = list(range(args.seed, args.seed + k))
     model = args.lead or args.model or "asp"
     overrides = _overrides(args)
-    step = dataclasses.replace(overrides.get("step", ex.seed002_config().step), rule=args.step,
-                               dc_lambda=args.dc_lambda, radius=args.radius)
-    overrides.update(step=step, delay=args.delay, delay_fraction=args.delay_fraction, delay_where=args.delay_where,
-                     policy=args.policy, alpha=args.alpha, stale_after=args.stale_after)
+    step = dataclasses.replace(
+        overrides.get("step", ex.seed002_config().step), rule=args.step, dc_lambda=args.dc_lambda, radius=args.radius
+    )
+    overrides.update(
+        step=step,
+        delay=args.delay,
+        delay_fraction=args.delay_fraction,
+        delay_where=args.delay_where,
+        policy=args.policy,
+        alpha=args.alpha,
+        stale_after=args.stale_after,
+    )
     configs = [ex.seed002_config(model, s, **overrides) for s in seeds]
     t0 = time.perf_counter()
     results = ex.run_configs(configs, sampler_factory, _progress(args, "run"))
@@ -348,16 +475,26 @@ def cmd_run(args: argparse.Namespace) -> int:
     row = Row(results[0].title, results)
     row.extra["dropped"] = ("dropped", "count", [x.dropped for x in results], 0)
     bound = results[0].bound
-    print(f"# delaycomm.sim run: {model}, policy {args.policy}, step {args.step}, delay {args.delay}, "
-          f"seeds {seeds[0]}..{seeds[-1]}; staleness bound {'none' if bound == float('inf') else int(bound)}")
+    print(
+        f"# delaycomm.sim run: {model}, policy {args.policy}, step {args.step}, delay {args.delay}, "
+        f"seeds {seeds[0]}..{seeds[-1]}; staleness bound {'none' if bound == float('inf') else int(bound)}"
+    )
     print(format_table([row], title="consistency model"))
     print(f"# {len(configs)} run(s) in {elapsed:.1f} s")
     if args.plot:
         print("# plot:", plot_loss([(row.name, results)], f"{args.plot}/run_loss.png", row.name, _optimum(configs[0])))
         print("# plot:", plot_staleness([(row.name, results)], f"{args.plot}/run_staleness.png", row.name))
     if args.json:
-        write_json(args.json, {"command": "run", "seeds": seeds, "elapsed_s": elapsed, "summary": _summary(row),
-                               "runs": [result_record(x) for x in results]})
+        write_json(
+            args.json,
+            {
+                "command": "run",
+                "seeds": seeds,
+                "elapsed_s": elapsed,
+                "summary": _summary(row),
+                "runs": [result_record(x) for x in results],
+            },
+        )
     return 0
 
 
@@ -380,8 +517,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
+    )
     try:
         return args.handler(args)
     except ValueError as exc:

@@ -328,12 +328,12 @@ def simulate(
     factors = [config.straggler if i < config.stragglers else 1.0 for i in range(n)]
     jitters = [_jitter_sampler(config.jitter, _stream(config.seed, 1, i)) for i in range(n)]
     batches = [
-        _Blocks(functools.partial(problem.sample_rows, i, _stream(config.seed, 2, i)), block=64)
-        for i in range(n)
+        _Blocks(functools.partial(problem.sample_rows, i, _stream(config.seed, 2, i)), block=64) for i in range(n)
     ]
     delays = [
-        _Delays(None if delay_samplers is None else delay_samplers[i], config.delay_fraction,
-                _stream(config.seed, 3, i))
+        _Delays(
+            None if delay_samplers is None else delay_samplers[i], config.delay_fraction, _stream(config.seed, 3, i)
+        )
         for i in range(n)
     ]
 
@@ -468,6 +468,10 @@ def simulate(
     )
     log.debug(
         "simulate %s: %d updates, mean stale %.2f, max stale %d, final loss %.4f",
-        result.label, result.updates, result.mean_staleness, result.max_staleness, result.final_loss,
+        result.label,
+        result.updates,
+        result.mean_staleness,
+        result.max_staleness,
+        result.final_loss,
     )
     return result

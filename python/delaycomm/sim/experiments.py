@@ -43,8 +43,13 @@ SamplerFactory = Callable[[str, int, int], DelaySource]
 #: Seed 002's table, by model label.
 PUBLISHED: dict[str, dict[str, float]] = {
     "bsp": {"updates": 105, "updates_per_s": 0.26, "mean_staleness": 0.00, "max_staleness": 0, "final_loss": 0.2611},
-    "lead:2": {"updates": 855, "updates_per_s": 2.13, "mean_staleness": 3.53, "max_staleness": 14,
-               "final_loss": 0.2688},
+    "lead:2": {
+        "updates": 855,
+        "updates_per_s": 2.13,
+        "mean_staleness": 3.53,
+        "max_staleness": 14,
+        "final_loss": 0.2688,
+    },
     "asp": {"updates": 2934, "updates_per_s": 7.33, "mean_staleness": 6.98, "max_staleness": 45, "final_loss": 0.2672},
 }
 #: Seed 002's "14 -> 30 -> 45 as s goes 2 -> 8 -> inf".

@@ -107,9 +107,7 @@ def parse_model(spec: str) -> ConsistencyModel:
         try:
             bound = int(arg)
         except ValueError:
-            raise ValueError(
-                f"parse_model: bad lead bound in {spec!r}: expected {_ACCEPTED}"
-            ) from None
+            raise ValueError(f"parse_model: bad lead bound in {spec!r}: expected {_ACCEPTED}") from None
         if bound < 1:
             raise ValueError(
                 f"parse_model: lead bound must be >= 1 (with 0 no worker could start; a barrier is 'bsp'), "

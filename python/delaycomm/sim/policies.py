@@ -57,9 +57,7 @@ class StalePolicy:
 
     def __init__(self, kind: str, workers: int, stale_after: int, alpha: float = 0.1) -> None:
         if kind not in POLICIES:
-            raise ValueError(
-                f"StalePolicy: unknown policy {kind!r}: expected one of {', '.join(POLICIES)}"
-            )
+            raise ValueError(f"StalePolicy: unknown policy {kind!r}: expected one of {', '.join(POLICIES)}")
         if workers < 1:
             raise ValueError(f"StalePolicy: workers must be >= 1, got {workers}")
         if stale_after < 0:
@@ -116,9 +114,7 @@ class StepConfig:
     def validate(self) -> None:
         """Raise ``ValueError`` naming the first bad field."""
         if self.rule not in STEP_RULES:
-            raise ValueError(
-                f"StepConfig: unknown step rule {self.rule!r}: expected one of {', '.join(STEP_RULES)}"
-            )
+            raise ValueError(f"StepConfig: unknown step rule {self.rule!r}: expected one of {', '.join(STEP_RULES)}")
         if not (self.lr > 0 and math.isfinite(self.lr)):
             raise ValueError(f"StepConfig: lr must be a finite number > 0, got {self.lr}")
         if not (self.dc_lambda >= 0 and math.isfinite(self.dc_lambda)):

@@ -78,9 +78,7 @@ class LogisticProblem:
         if workers < 1:
             raise ValueError(f"LogisticProblem: workers must be >= 1, got {workers}")
         if config.samples < workers:
-            raise ValueError(
-                f"LogisticProblem: samples ({config.samples}) must be >= workers ({workers})"
-            )
+            raise ValueError(f"LogisticProblem: samples ({config.samples}) must be >= workers ({workers})")
         self.config = config
         rng = np.random.default_rng(np.random.SeedSequence(config.seed, spawn_key=(0xDA7A,)))
         w_star = rng.standard_normal(config.features)

@@ -161,8 +161,7 @@ def write_json(path: str, payload: dict[str, Any]) -> None:
         path: Destination file, or ``-``.
         payload: The measurements.
     """
-    output.write_json(path, {"argv": sys.argv, "versions": versions(("numpy",)), "machine": machine_info(),
-                             **payload})
+    output.write_json(path, {"argv": sys.argv, "versions": versions(("numpy",)), "machine": machine_info(), **payload})
 
 
 def _pyplot():
@@ -174,8 +173,9 @@ def _pyplot():
     return plt
 
 
-def plot_loss(series: Sequence[tuple[str, Sequence[RunResult]]], path: str, title: str,
-              optimum: float | None = None) -> str:
+def plot_loss(
+    series: Sequence[tuple[str, Sequence[RunResult]]], path: str, title: str, optimum: float | None = None
+) -> str:
     """Plot loss against simulated wall clock, one line per series.
 
     The line is the first seed's run; with several seeds a band shows the

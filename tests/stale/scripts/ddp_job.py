@@ -47,6 +47,7 @@ def main() -> None:
     buckets: list[tuple[int, torch.Tensor, torch.Tensor]] = []
     if args.hook:
         if args.record:
+
             def recording_hook(state, bucket):
                 contribution = bucket.buffer().detach().clone()
                 index = bucket.index()
@@ -81,8 +82,16 @@ def main() -> None:
     flushed = delaycomm.flush()
     if args.record:
         os.makedirs(args.record, exist_ok=True)
-        torch.save({"buckets": buckets, "sum_in": sums_in, "sum_out": sums_out, "flushed": flushed,
-                    "world": dist.get_world_size()}, os.path.join(args.record, f"rank{rank}.pt"))
+        torch.save(
+            {
+                "buckets": buckets,
+                "sum_in": sums_in,
+                "sum_out": sums_out,
+                "flushed": flushed,
+                "world": dist.get_world_size(),
+            },
+            os.path.join(args.record, f"rank{rank}.pt"),
+        )
     if rank == 0:
         print(delaycomm.report(dist.group.WORLD), flush=True)
     dist.destroy_process_group()

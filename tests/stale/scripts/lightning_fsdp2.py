@@ -45,8 +45,16 @@ def main() -> None:
     x = torch.randn(64 * 120, 32)
     data = TensorDataset(x, (x @ teacher).argmax(dim=1))
     strategy = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1, process_group_backend="delaycomm")
-    trainer = pl.Trainer(accelerator="cpu", devices=2, strategy=strategy, max_epochs=1, logger=False,
-                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=strategy,
+        max_epochs=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Classifier(), DataLoader(data, batch_size=64))
     # NOTE: Lightning leaves the process group alive; delaycomm writes its stats at exit then too
     # (tests/test_stats_file.py), but a Gloo group never destroyed aborts now and then at teardown (README, "Known
