@@ -2,8 +2,7 @@
 # Lint and format checks: ruff (lint + format) for Python, clang-format for C++/CUDA, with the configuration in
 # pyproject.toml ([tool.ruff]) and .clang-format; the tools are the versions pinned by the `lint` extra.
 #   scripts/lint.sh [--fix] [VENV]     --fix: apply the fixes and the formatting instead of reporting them
-# NOTE: CI runs the `ruff check` part (scripts/test.sh); the format checks join it once the tree is formatted (in
-# one commit, when no other branch is open).
+# CI runs the same three checks (scripts/test.sh, its lint stage).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"

@@ -52,9 +52,15 @@ cuda_prepared() {
 }
 
 stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
-# NOTE: `ruff check` only (pyproject.toml's configuration): `ruff format --check` and `clang-format --dry-run` join
-# this stage when the tree is formatted (one commit, when no other branch is open); scripts/lint.sh runs all three.
-stage "lint: ruff check" "$root/.venv/bin/ruff" check --no-cache "$root"
+# Lint and format (pyproject.toml's [tool.ruff], .clang-format; the versions pinned by the `lint` extra): the tree
+# passes all three, and scripts/lint.sh --fix makes a change pass them.
+lint() {
+  "$root/.venv/bin/ruff" check --no-cache "$root" &&
+    "$root/.venv/bin/ruff" format --check --no-cache "$root" &&
+    git ls-files -z 'csrc/*.cpp' 'csrc/*.hpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' |
+    xargs -0 "$root/.venv/bin/clang-format" --dry-run --Werror
+}
+stage "lint: ruff check, ruff format --check, clang-format --dry-run" lint
 # One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting), on
 # two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
