@@ -42,7 +42,9 @@ fi
 
 BASELINE=bench/baselines/cpu-percall.json
 # The gate's settings. The baseline is measured with the same ones, over more runs (a steadier reference).
-GATE_ARGS=(--device cpu -b 8 -e 8 --paths sync,async_wait,future_then --calls 400 --blocks 30 --progress off)
+# NOTE: --pin-cpu: each run on one CPU. Unpinned, where the caller and each group's Gloo worker thread land decides
+# a whole run's cost (one run in five cost 2-4x on one side), and the future path failed an unchanged rerun.
+GATE_ARGS=(--device cpu -b 8 -e 8 --paths sync,async_wait,future_then --calls 400 --blocks 30 --pin-cpu --progress off)
 if [[ $mode == update ]]; then
   "$PYTHON" bench/percall.py "${GATE_ARGS[@]}" --runs 9 --json "$BASELINE"
   echo "wrote $BASELINE: review the figures above before committing it"

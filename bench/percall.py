@@ -113,8 +113,8 @@ def gate(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float)
     Raises:
         ValueError: a different device, or no (size, path) in common.
     """
-    for what in ("device",):
-        a, b = current["settings"][what], baseline["settings"][what]
+    for what in ("device", "pin_cpu"):
+        a, b = current["settings"].get(what), baseline["settings"].get(what)
         if a != b:
             raise ValueError(
                 f"the baseline was measured with {what} {b!r}, this run with {a!r}: measure a baseline "
@@ -205,7 +205,9 @@ def format_table(record: dict[str, Any]) -> str:
     out = [
         f"# delaycomm per-call cost: world size 1, {s['device']} ({'nccl' if s['device'] == 'cuda' else 'gloo'} vs "
         f"delaycomm, nothing configured), {len(record['runs'])} runs x {s['blocks']} pairs of blocks x {s['calls']} "
-        f"calls, float32" + (f", INJECTED {s['inject_us']:g} us of work per delaycomm call" if s["inject_us"] else ""),
+        f"calls, float32"
+        + (f", each run pinned to CPU {s['pin_cpu']}" if s.get("pin_cpu") is not None else "")
+        + (f", INJECTED {s['inject_us']:g} us of work per delaycomm call" if s["inject_us"] else ""),
         f"# torch {env.get('torch', '?')}, delaycomm {env.get('delaycomm', '?')}"
         + (f" ({env['delaycomm_commit']})" if env.get("delaycomm_commit") else "")
         + f", NCCL {env.get('nccl') or '-'}; {m.get('hostname', '?')}: {m.get('cpu', '?')}, "
@@ -246,8 +248,15 @@ def _one_run(spec: dict[str, Any], timeout_s: float) -> dict[str, Any]:
         cmd = [sys.executable, os.path.abspath(__file__), "--_worker", json.dumps(spec), out]
         t0 = time.monotonic()
         try:
+            cpu = spec.get("pin_cpu")
             proc = subprocess.run(
-                cmd, env=percall_engine.worker_environment(), capture_output=True, text=True, timeout=timeout_s
+                cmd,
+                env=percall_engine.worker_environment(),
+                capture_output=True,
+                text=True,
+                timeout=timeout_s,
+                # every thread the run starts (the caller, each group's Gloo worker) inherits the one CPU
+                preexec_fn=None if cpu is None else (lambda: os.sched_setaffinity(0, {cpu})),
             )
         except subprocess.TimeoutExpired:
             raise RunFailed(f"a measuring process ran past {timeout_s:g} s and was stopped") from None
@@ -393,6 +402,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="runs, each a fresh process; the figure is the median over runs (default 3)",
     )
     p.add_argument(
+        "--pin-cpu",
+        action="store_true",
+        help="run each measuring process on one CPU (the first this process may use), all its threads together: "
+        "where the caller and each group's Gloo worker thread land otherwise decides a run's cost (docs/percall.md); "
+        "what the CI gate does",
+    )
+    p.add_argument(
         "--inject-us",
         type=_us,
         default=0.0,
@@ -472,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
             "blocks": a.blocks,
             "warmup_blocks": a.warmup_blocks,
             "inject_us": a.inject_us,
+            "pin_cpu": min(os.sched_getaffinity(0)) if a.pin_cpu else None,
         }
         progress = a.progress == "on" or (a.progress == "auto" and sys.stderr.isatty())
         try:

@@ -102,6 +102,14 @@ def test_gate_refuses_another_device_and_nothing_in_common():
         percall.gate(base, record(RAW, DC, path="future_then"), 2.5)
 
 
+def test_gate_refuses_a_baseline_measured_pinned_otherwise():
+    pinned = record(RAW, DC)
+    pinned["settings"]["pin_cpu"] = 0
+    with pytest.raises(ValueError, match="the baseline was measured with pin_cpu 0, this run with None"):
+        percall.gate(record(RAW, DC), pinned, 2.5)
+    assert all(not v.failed for v in percall.gate(pinned, pinned, 2.5))
+
+
 def test_the_injected_work_is_calibrated_to_the_cpu_time_asked_for():
     import time
 
@@ -188,3 +196,11 @@ def test_a_real_run_then_the_gate_fails_on_an_injected_slowdown(tmp_path):
     slow = _cli(*small, "--inject-us", "300", "--compare", str(base), "--confirm", "0")
     assert slow.returncode == 1, slow.stdout + slow.stderr
     assert "gate: FAIL: delaycomm costs more than 2.5 us/call over its baseline at 8 B sync" in slow.stdout
+    # --pin-cpu: every thread of each measuring process on one CPU, said in the record and the table
+    pinned = tmp_path / "pinned.json"
+    proc = _cli(*small, "--pin-cpu", "--json", str(pinned))
+    assert proc.returncode == 0, proc.stderr
+    rec = json.loads(pinned.read_text())
+    assert rec["settings"]["pin_cpu"] == min(os.sched_getaffinity(0))
+    assert rec["environment"]["machine"]["cpu_affinity"] == 1  # what the measuring process could use
+    assert f"each run pinned to CPU {rec['settings']['pin_cpu']}" in proc.stdout
