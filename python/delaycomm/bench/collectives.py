@@ -17,6 +17,7 @@ Conventions (n = number of ranks):
 
 from __future__ import annotations
 
+import abc
 from typing import ClassVar
 
 from delaycomm import _ops
@@ -51,7 +52,7 @@ DTYPE_ALIASES = {
 _RTOL = {"float16": 1e-3, "bfloat16": 8e-3, "float32": 1e-6, "float64": 1e-12}
 
 
-class Collective:
+class Collective(abc.ABC):
     """What the engine needs to know about one collective; a subclass per collective fills in the specifics.
 
     Class attributes of each subclass:
@@ -79,9 +80,9 @@ class Collective:
         return f"{type(self).__name__}()"
 
     # ---------------------------------------------------------------- per collective
+    @abc.abstractmethod
     def bus_factor(self, n: int) -> float:
         """busbw / algbw for n ranks (docs/bench.md)."""
-        raise NotImplementedError
 
     def buffer_counts(self, count: int, n: int) -> tuple[int, int | None]:
         """Elements of (input, output) for ``count`` (the larger buffer); output None: the call is in place."""
@@ -91,13 +92,13 @@ class Collective:
         """This rank's input buffer (``count`` elements): the check pattern of the module doc by default."""
         return _pattern(count, rank, redop, dtype, device)
 
+    @abc.abstractmethod
     def expected(self, count: int, rank: int, n: int, redop: str, root: int):
         """This rank's expected result for the check inputs, as float64."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def issue(self, inp, out, group, op, root: int) -> None:
         """The torch.distributed call (synchronous) with ``op`` a ``ReduceOp``."""
-        raise NotImplementedError
 
     # ---------------------------------------------------------------- shared
     def count_for(self, size_bytes: int, elsize: int, n: int) -> int:
