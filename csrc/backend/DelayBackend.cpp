@@ -6,6 +6,7 @@
 #include <optional>
 
 #include <ATen/ops/empty.h>
+#include <Python.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/Logging.h>
@@ -83,6 +84,8 @@ c10::intrusive_ptr<c10d::Backend> DelayBackend::innerBackend(c10::DeviceType typ
 c10d::Backend& DelayBackend::innerFor(OpKind op, c10::Device device) {
   switch (device.type()) {
     case c10::DeviceType::CPU:
+      TORCH_CHECK(!glooReleased_, "delaycomm: ", opName(op), ": group ", options_.groupName,
+                  " was shut down (destroy_process_group): its Gloo backend is gone");
       TORCH_CHECK(cpuInner_, "Backend delaycomm does not support ", opName(op),
                   " on cpu tensors in this group: it has no Gloo backend");
       return *cpuInner_;
@@ -534,6 +537,28 @@ void DelayBackend::shutdown() {
   }
   if (cudaInner_) {
     cudaInner_->shutdown();
+  }
+  releaseGloo();
+}
+
+void DelayBackend::releaseGloo() {
+  // NOTE: Gloo has no shutdown(): its worker threads stop in its destructor, whenever its last reference goes. For
+  // a group held in a reference cycle (a DDP module) that is at interpreter exit, and a worker still releasing a
+  // finished op's Python-owned tensors then takes the GIL during finalization: Python ends that thread and the
+  // process aborts ("terminate called without an active exception"). This backend holds the only reference (the
+  // creator's goes when it returns), so releasing it here stops and joins Gloo's workers now, at
+  // destroy_process_group, with the GIL released: a worker may need it to finish.
+  c10::intrusive_ptr<c10d::Backend> gloo = std::move(cpuInner_);
+  if (!gloo) {
+    return;
+  }
+  glooReleased_ = true;
+  if (Py_IsInitialized() && PyGILState_Check()) {
+    PyThreadState* state = PyEval_SaveThread();
+    gloo.reset();
+    PyEval_RestoreThread(state);
+  } else {
+    gloo.reset();
   }
 }
 

@@ -204,13 +204,17 @@ class DelayBackend : public c10d::Backend {
   // Whether reduction `op` of `tensors` goes through the staleness engine (see DelayBackend.cpp).
   bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
   c10d::Backend& innerFor(OpKind op, c10::Device device);
+  // Drops the reference to the inner Gloo backend: its worker threads stop and are joined when it was the last.
+  void releaseGloo();
   // Calls `issue` on `inner`, turning "does not support" errors into delaycomm's words; counts errors if asked.
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueRef issue,
                                          bool countErrors);
   // Numbers and counts one op (its group sequence number, calls, bytes); returns the sequence number.
   uint64_t admit(OpKind op, int64_t bytes);
 
-  const c10::intrusive_ptr<c10d::Backend> cpuInner_;
+  // Released by shutdown() (see there): null afterwards.
+  c10::intrusive_ptr<c10d::Backend> cpuInner_;
+  bool glooReleased_ = false;
   const c10::intrusive_ptr<c10d::Backend> cudaInner_;
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
