@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from delaycomm._tools import args as argtypes
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 
@@ -309,28 +311,6 @@ def _worker(spec_json: str, out: str) -> int:
 # ---- command line ------------------------------------------------------------------------------------------------
 
 
-def _size(text: str) -> int:
-    from delaycomm.bench.units import parse_size
-
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
-def _int_at_least(lo: int):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected an integer >= {lo}") from None
-        if v < lo:
-            raise argparse.ArgumentTypeError(f"{v} is too small; expected an integer >= {lo}")
-        return v
-
-    return parse
-
-
 def _us(text: str) -> float:
     try:
         v = float(text)
@@ -366,12 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
         default="cpu",
         help="cpu: gloo vs delaycomm; cuda: nccl vs delaycomm (default cpu)",
     )
-    p.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size (default 8)")
-    p.add_argument("-e", "--maxbytes", type=_size, default=1 << 20, metavar="SIZE", help="largest size (default 1M)")
+    p.add_argument("-b", "--minbytes", type=argtypes.size, default=8, metavar="SIZE", help="smallest size (default 8)")
+    p.add_argument(
+        "-e", "--maxbytes", type=argtypes.size, default=1 << 20, metavar="SIZE", help="largest size (default 1M)"
+    )
     p.add_argument(
         "-f",
         "--stepfactor",
-        type=_int_at_least(2),
+        type=argtypes.integer(2),
         default=128,
         metavar="F",
         help="multiply the size by F each step (default 128)",
@@ -383,20 +365,20 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="LIST",
         help="comma-separated: " + ", ".join(percall_engine.PATHS) + " (default all)",
     )
-    p.add_argument("--calls", type=_int_at_least(1), default=400, metavar="N", help="calls per block (default 400)")
+    p.add_argument("--calls", type=argtypes.integer(1), default=400, metavar="N", help="calls per block (default 400)")
     p.add_argument(
         "--blocks",
-        type=_int_at_least(1),
+        type=argtypes.integer(1),
         default=30,
         metavar="N",
         help="measured pairs of blocks per size and path in each run (default 30)",
     )
     p.add_argument(
-        "--warmup-blocks", type=_int_at_least(0), default=2, metavar="N", help="unrecorded pairs first (default 2)"
+        "--warmup-blocks", type=argtypes.integer(0), default=2, metavar="N", help="unrecorded pairs first (default 2)"
     )
     p.add_argument(
         "--runs",
-        type=_int_at_least(1),
+        type=argtypes.integer(1),
         default=3,
         metavar="N",
         help="runs, each a fresh process; the figure is the median over runs (default 3)",
@@ -434,7 +416,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--confirm",
-        type=_int_at_least(0),
+        type=argtypes.integer(0),
         default=1,
         metavar="N",
         help="measure failing items again up to N times in fresh runs; fail only if every time (default 1)",
