@@ -53,6 +53,13 @@ def _issuer_threads() -> list[str]:
     return names
 
 
+def _outlive_the_peers_timeout(timeout_s: float) -> None:
+    """Rank 0 stays until its peer, blocked in Gloo for the same timeout, has surely timed out: exit destroys the
+    group, which issues any held op (it could still complete the peer's op just in time) and closes Gloo's
+    connections (the peer would read "Connection closed by peer" instead of its timeout)."""
+    time.sleep(timeout_s + 1.0)
+
+
 def host_delay_timeout(rank, world_size, init_method, timeout_s=3.0):
     """delay_where=host, 30 s on rank 0, a 3 s timeout: rank 0's call and rank 1's wait both end in a timeout."""
     _init(
@@ -66,7 +73,9 @@ def host_delay_timeout(rank, world_size, init_method, timeout_s=3.0):
         delay_ops="allreduce",
         delay_where="host",
     )
-    return _outcome(lambda: dist.all_reduce(torch.ones(4)))
+    out = _outcome(lambda: dist.all_reduce(torch.ones(4)))
+    _outlive_the_peers_timeout(timeout_s)
+    return out
 
 
 def slowdown_timeout(rank, world_size, init_method, timeout_s=3.0, compute_s=0.05):
@@ -76,6 +85,7 @@ def slowdown_timeout(rank, world_size, init_method, timeout_s=3.0, compute_s=0.0
     time.sleep(compute_s)
     out = _outcome(lambda: dist.all_reduce(torch.ones(4)))
     out["slowdown_calls"] = delaycomm.stats(dist.group.WORLD)["slowdown"]["calls"]
+    _outlive_the_peers_timeout(timeout_s)
     return out
 
 
@@ -94,9 +104,7 @@ def future_timeout(rank, world_size, init_method, timeout_s=3.0):
     work = dist.all_reduce(torch.ones(4), async_op=True)
     out = _outcome(lambda: work.get_future().wait())
     out["completed"] = work.is_completed()
-    # Exit destroys the group, which issues rank 0's held op: wait until rank 1 has surely timed out, or that op
-    # could still complete rank 1's all-reduce just in time (as ddp_timeout does).
-    time.sleep(timeout_s + 1.0)
+    _outlive_the_peers_timeout(timeout_s)
     return out
 
 
