@@ -179,20 +179,23 @@ def agree(
     wait([f"{gen}/verdict"], "compare their options")
     failed = s.add(f"{gen}/bad", 0) > 0
     payloads = [json.loads(v) for v in s.multi_get(keys)] if failed else []
-    # The last rank through removes the generation's keys (success) or releases the others (failure): a failing
-    # rank 0 may host the store and must not exit before every rank has read the payloads.
-    if s.add(f"{gen}/done", 1) == size:
-        if failed:
-            s.set(f"{gen}/released", "1")
-        else:
-            for k in keys + [f"{gen}/{n}" for n in ("bad", "checked", "verdict", "done")]:
-                try:
-                    s.delete_key(k)
-                except Exception:  # noqa: BLE001 - a store without delete_key keeps a few hundred bytes
-                    pass
+    # The last rank through removes the generation's keys. On a failure every rank raises as soon as it has read
+    # what it needs, except group rank 0: it waits (bounded by the timeout) until every rank has, since it may host
+    # the TCPStore (env://, tcp://, mp.spawn: global rank 0, which is group rank 0 of any group holding it), and a
+    # store that vanishes while another rank still reads gives that rank a network error instead of this one.
+    last = s.add(f"{gen}/done", 1) == size
+    if last and failed:
+        s.set(f"{gen}/released", "1")
+    elif last:
+        for k in keys + [f"{gen}/{n}" for n in ("bad", "checked", "verdict", "done")]:
+            try:
+                s.delete_key(k)
+            except Exception:  # noqa: BLE001 - a store without delete_key keeps a few hundred bytes
+                pass
     if not failed:
         return
-    wait([f"{gen}/released"], "read the options")
+    if rank == 0:
+        wait([f"{gen}/released"], "read the options")
     if error is not None:
         raise error
     errors = [(global_ranks[r], p["error"]) for r, p in enumerate(payloads) if "error" in p]
