@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from delaycomm._config import OPTIONS, EffectiveConfig, format_value
+from delaycomm._config import OPTIONS, EffectiveConfig, format_value, shorten
 
 __all__ = ["agree", "canonical_options"]
 
@@ -42,22 +42,33 @@ def _delay_key(text: str) -> tuple[str, str]:
     return json.dumps([d["family"], params]), text
 
 
-def canonical_options(cfg: EffectiveConfig) -> dict[str, dict[str, str]]:
+def canonical_options(cfg: EffectiveConfig, members: list[int]) -> dict[str, dict[str, str]]:
     """Option name -> {"key", "shown", "origin"} for each option that must match across ranks.
 
-    ``key`` compares values (equal keys: the same effective value), ``shown`` is the value for people, ``origin``
-    where it came from.
+    ``key`` compares values (equal keys: the same effective value in this group), ``shown`` is the value for
+    people, ``origin`` where it came from. ``members`` are the group's global ranks: ``delay_ranks`` and
+    ``slowdown`` name global ranks, so their key is what they do to this group's members (``all`` and ``0,1`` are
+    one value in the group of ranks 0 and 1).
     """
     out = {}
     for opt in OPTIONS:
         if not opt.must_match:
             continue
         value = cfg.values[opt.name]
+        shown = format_value(opt.name, value)
         if opt.name == "delay" and value != "none":
             key, shown = _delay_key(value)
+        elif opt.name == "delay_ranks":
+            key = json.dumps([r for r in members if value is None or r in value])
+        elif opt.name == "slowdown":
+            key = json.dumps([[r, f] for r, f in value if r in members])
         else:
-            key, shown = json.dumps(value), format_value(opt.name, value)
-        out[opt.name] = {"key": key, "shown": shown, "origin": cfg.origins.get(opt.name, cfg.sources[opt.name])}
+            key = json.dumps(value)
+        out[opt.name] = {
+            "key": key,
+            "shown": shorten(shown),
+            "origin": cfg.origins.get(opt.name, cfg.sources[opt.name]),
+        }
     return out
 
 
@@ -138,7 +149,7 @@ def agree(
     payload: dict[str, Any] = {}
     if error is None:
         try:
-            options = canonical_options(cfg)  # reads a trace file again: it may have changed since
+            options = canonical_options(cfg, global_ranks)  # reads a trace file again: it may have changed since
         except ValueError as e:
             error = e
         else:
