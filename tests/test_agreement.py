@@ -427,6 +427,7 @@ def _store_on_rank0(rank, world, ports):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_every_rank_gets_the_error_when_rank_0_hosts_the_store():
     # Before: the last rank through the agreement raised at once; when that was rank 0, its store went with it

@@ -500,16 +500,17 @@ def test_ranks_are_global_in_the_native_options_of_a_subgroup():
 
     cfg = resolve(DelayConfig(delay="const:1ms", delay_ranks="0,3", slowdown="3:2x,0:4x", seed=5), env={})
 
-    def native(rank, members):
+    def native(rank, members, every_rank=False):
         n = _C.BackendOptions()
         with warnings.catch_warnings():
             warnings.simplefilter("error")
-            _fill_delay_options(n, cfg, rank, timedelta(seconds=30), members, default_group=False)
+            _fill_delay_options(n, cfg, rank, timedelta(seconds=30), members, every_rank=every_rank)
         return n.delay_ranks, n.delay_fraction, n.slowdown, n.seed
 
     assert native(1, [2, 3]) == ([1], 0.3, 2.0, group_seed(5, [2, 3]))  # global 3 is group rank 1
     assert native(0, [1, 2]) == ([], 0.0, 1.0, group_seed(5, [1, 2]))  # no member named: no delay at all
     assert native(1, [0, 3]) == ([], 0.3, 2.0, group_seed(5, [0, 3]))  # every member named: all
+    assert native(3, [0, 1, 2, 3], every_rank=True) == ([0, 3], 0.3, 2.0, 5)  # every rank: the seed as given
     assert len({group_seed(5, [0, 1]), group_seed(5, [2, 3]), group_seed(6, [0, 1]), 5}) == 4
     assert 0 <= group_seed(2**63 - 1, list(range(1000))) < 2**63
     _check_group_config(cfg, 4, False)  # ranks 0 and 3 exist in a job of 4

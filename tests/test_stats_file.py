@@ -35,6 +35,15 @@ def test_stats_file_names(template, rank, group, world, default, expected):
     assert stats_file(template, rank, group, world, default) == expected
 
 
+def test_stats_file_names_after_a_restart_or_in_a_repeated_cycle():
+    from delaycomm._config import stats_file
+
+    assert stats_file("s.json", 1, "0", 2, True, restart=1) == "s.rank1.restart1.json"
+    assert stats_file("s-{restart}.json", 1, "0", 2, True, restart=1) == "s-1.rank1.json"
+    assert stats_file("s-{restart}.json", 0, "0", 1, True) == "s-0.json"
+    assert stats_file("s.json", 0, "2", 2, False, restart=1, cycle=2) == "s.group2.rank0.restart1.cycle2.json"
+
+
 def _two_groups(rank, world, templates, rdzv):
     """Per template: a world group and a subgroup, one all_reduce on the world and two on the subgroup, destroy."""
     import torch
@@ -342,6 +351,7 @@ if restart == 0:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(200)
 def test_a_torchrun_restart_and_a_second_cycle_keep_their_own_stats_files(tmp_path):
     from tests.harness import free_port, run_cli

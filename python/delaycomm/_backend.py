@@ -53,12 +53,12 @@ def create_backend(dist_opts, pg_options):
     rank, size, timeout = dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
     group_name = str(dist_opts.group_id)
     has_nccl = torch.cuda.is_available() and dist.is_nccl_available()
-    members = _global_ranks(dist_opts)
+    members, world = _global_ranks(dist_opts), _world_size(dist_opts)
     cfg, stats, error = None, None, None
     try:
         cfg = resolve(pg_options)
-        _check_group_config(cfg, _world_size(dist_opts), has_nccl)
-        stats = _statsfile.target(cfg, dist_opts, members)
+        _check_group_config(cfg, world, has_nccl)
+        stats = _statsfile.target(cfg, dist_opts, members, world)
     except ValueError as e:
         error = e
     agree(store, rank, size, timeout, group_name, members, cfg, error)
@@ -69,7 +69,7 @@ def create_backend(dist_opts, pg_options):
     native = _C.BackendOptions()
     native.timeout = timeout
     native.group_name = group_name
-    _fill_delay_options(native, cfg, rank, timeout, members, default_group=_is_default_group(dist_opts))
+    _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)))
     _fill_stale_options(native, cfg, store)
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
@@ -109,15 +109,15 @@ def _fill_delay_options(
     rank: int,
     timeout: timedelta,
     members: list[int] | None = None,
-    default_group: bool = True,
+    every_rank: bool = True,
 ) -> None:
     """Copy the delay options (validated by _config) into the native BackendOptions, typed; warn when the tail
     reaches the group's timeout.
 
     ``delay_ranks`` and ``slowdown`` name global ranks (docs/config.md, "Ranks"); ``members`` are the group's
     global ranks (None: the default group, whose ranks are global), so the native options get the group ranks of
-    the members named, and this rank's own slowdown. A group other than the default one draws its schedule from
-    the seed mixed with its members: two disjoint subgroups with one seed do not delay in lockstep.
+    the members named, and this rank's own slowdown. A group that is not every rank of the job in order draws its
+    schedule from the seed mixed with its members: two disjoint subgroups with one seed do not delay in lockstep.
     """
     members = list(members) if members is not None else None
     native.delay = cfg.delay
@@ -132,7 +132,7 @@ def _fill_delay_options(
             native.delay_fraction = 0.0
     native.delay_ops = [_ops.BY_NAME[name].kind for name in cfg.delay_ops] if cfg.delay_ops is not None else []
     native.delay_where = _DELAY_WHERE[cfg.delay_where]
-    native.seed = cfg.seed if default_group or members is None else group_seed(cfg.seed, members)
+    native.seed = cfg.seed if every_rank or members is None else group_seed(cfg.seed, members)
     native.slowdown = dict(cfg.slowdown).get(members[rank] if members is not None else rank, 1.0)
     if cfg.delay == "none" or native.delay_fraction == 0.0:
         return
@@ -148,8 +148,8 @@ def _fill_delay_options(
 
 
 def group_seed(seed: int, members: list[int]) -> int:
-    """The seed of a group other than the default one: ``seed`` mixed with the group's global ranks (SHA-256, 63
-    bits), the same on every member (docs/config.md, "Ranks")."""
+    """The seed of a group that is not every rank of the job: ``seed`` mixed with the group's global ranks
+    (SHA-256, 63 bits), the same on every member (docs/config.md, "Ranks")."""
     digest = hashlib.sha256(json.dumps([seed, sorted(members)]).encode()).digest()
     return int.from_bytes(digest[:8], "little") >> 1
 
@@ -203,5 +203,8 @@ def _global_ranks(dist_opts) -> list[int]:
 
 
 def _world_size(dist_opts) -> int:
-    """The job's number of ranks (the default group is being created, or exists)."""
-    return dist_opts.group_size if _is_default_group(dist_opts) else dist.get_world_size()
+    """The job's number of ranks: the default group's size (being created, or created before)."""
+    if _is_default_group(dist_opts) or not dist.is_initialized():
+        # NOTE: a group built by hand over its own store (tests/harness/threads.py) is its own world.
+        return max(dist_opts.group_size, max(_global_ranks(dist_opts)) + 1)
+    return dist.get_world_size()

@@ -21,8 +21,7 @@ import os
 import stat
 import threading
 import warnings
-
-import torch.distributed as dist
+import weakref
 
 from delaycomm import _registry
 from delaycomm._config import EffectiveConfig, invalid_value, shorten, stats_file
@@ -48,13 +47,14 @@ def _restart() -> int:
         return 0
 
 
-def target(cfg: EffectiveConfig, dist_opts, global_ranks: list[int]) -> tuple[str, str] | None:
+def target(cfg: EffectiveConfig, dist_opts, global_ranks: list[int], world: int) -> tuple[str, str] | None:
     """This rank's stats file for the group being created, checked replaceable now; and its cycle-0 path.
 
     Args:
         cfg: the group's options.
         dist_opts: torch's ``_DistributedBackendOptions`` of the group.
         global_ranks: the global rank of each member.
+        world: the job's number of ranks.
 
     Returns:
         ``(path, first)``: the file to write, and the file of the group's first cycle in this process (the key
@@ -69,7 +69,6 @@ def target(cfg: EffectiveConfig, dist_opts, global_ranks: list[int]) -> tuple[st
     default_group = not list(getattr(dist_opts, "global_ranks_in_group", None) or [])
     rank = global_ranks[dist_opts.group_rank]
     group = str(dist_opts.group_id)
-    world = dist_opts.group_size if default_group else dist.get_world_size()
     first = stats_file(cfg.stats, rank, group, world, default_group, _restart())
     with _lock:
         cycle = _cycles.get(os.path.abspath(first), 0)
@@ -123,8 +122,6 @@ def arm(group_name: str, stats: tuple[str, str] | None, backend) -> None:
 
 
 def _shutdown_hook(group_name: str, path: str | None, backend):
-    import weakref
-
     ref = weakref.ref(backend)  # the hook must not keep its own backend alive
     return lambda: on_shutdown(group_name, path, ref())
 
