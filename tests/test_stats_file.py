@@ -244,7 +244,11 @@ def test_stats_paths_that_must_not_be_replaced_collide_or_repeat(tmp_path):
         (str(cycles / "s.json"), {}, False),
         (str(cycles / "s-{restart}.json"), {"TORCHELASTIC_RESTART_COUNT": "2"}, False),
         (str(cycles / "d{rank}.json"), {}, True),
+        (str(tmp_path / "mine.json"), {}, False),  # this user's own file, made read-only
     ]
+    for r in range(2):
+        (tmp_path / f"mine.rank{r}.json").write_text("kept")
+        (tmp_path / f"mine.rank{r}.json").chmod(0o444)
     res = run_procs(_cases, 2, cases, str(tmp_path / "rdzv"), timeout=180)
     for rank in range(2):
         got = [re.sub(r"group '\d+'", "group 'G'", m) if isinstance(m, str) else m for m in res[rank]]
@@ -267,8 +271,13 @@ def test_stats_paths_that_must_not_be_replaced_collide_or_repeat(tmp_path):
             + re.escape("(the path was checked when the group was created and has changed since)"),
             got[6][0],
         ), got[6]
+        assert got[7] == head.format(cases[7][0]) + own.format(rank, str(tmp_path / f"mine.rank{rank}.json")) + (
+            "is read-only (mode 0444); delaycomm replaces the file when the group is destroyed and never replaces "
+            "a read-only file; expected a writable path"
+        )
         for d in (sticky, shared):
             assert (d / f"s.rank{rank}.json").read_text() == "theirs"
+        assert (tmp_path / f"mine.rank{rank}.json").read_text() == "kept"
     # every case's files, and nothing else: no temporary file left behind
     assert sorted(p.name for p in cycles.iterdir()) == sorted(
         ["s.rank0.json", "s.rank1.json", "s.rank0.cycle1.json", "s.rank1.cycle1.json", "s-2.rank0.json"]
