@@ -1,9 +1,11 @@
 #include "backend/DelayWork.hpp"
 
+#include <ATen/Parallel.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include "delay/DelayTimeout.hpp"
+#include "delay/IssuerThread.hpp"
 
 namespace delaycomm {
 
@@ -105,11 +107,21 @@ void DelayWorkCpu::settleFuture(const c10::IValue& value, std::exception_ptr err
     }
     futureSettled_ = true;
   }
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(value);
+  auto complete = [future = future_, value, error] {
+    if (error) {
+      future->setError(error);
+    } else {
+      future->markCompleted(value);
+    }
+  };
+  if (IssuerThread::releasingHere()) {
+    // NOTE: completing the future runs its callbacks inline, and they are user code: a DDP comm hook's next stage
+    // (PowerSGD's) issues a collective and waits for it, which on this thread would wait for the very thread it
+    // blocks. torch's inter-op pool completes it instead, as torch hands RPC callbacks off its own threads.
+    at::launch(std::move(complete));
+    return;
   }
+  complete();
 }
 
 bool DelayWorkCpu::waitAttached(std::chrono::milliseconds timeout) {
