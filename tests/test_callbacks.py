@@ -28,6 +28,10 @@ TIMEOUT_S = 15
 # Every op delayed: the nested all-reduces of the callbacks are held back too.
 ENV = {"DELAYCOMM_DELAY": "const:5ms", "DELAYCOMM_DELAY_FRACTION": "1"}
 ISSUER_PREFIX = "dc-issue"
+# DDP steps; PowerSGD compresses from the third (start_powerSGD_iter=2), nesting two all-reduces in its callbacks.
+STEPS, PLAIN_STEPS = 4, 2
+# All-reduces per group: the chain's four, then PowerSGD's one per plain step and three per compressed step.
+CALLED = 4 + PLAIN_STEPS + 3 * (STEPS - PLAIN_STEPS)
 
 
 def _thread_name() -> str:
@@ -77,7 +81,7 @@ def _chain(group, rank: int, world_size: int, threads: list[str]) -> list[float]
 
 
 def _powersgd(group, rank: int, steps: int, threads: list[str]) -> list[float]:
-    """DDP with torch's PowerSGD hook (compression from the third step); returns each step's loss."""
+    """DDP with torch's PowerSGD hook; returns each step's loss."""
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powersgd
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -85,7 +89,7 @@ def _powersgd(group, rank: int, steps: int, threads: list[str]) -> list[float]:
     model = DDP(
         torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)), process_group=group
     )
-    state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    state = powersgd.PowerSGDState(process_group=group, matrix_approximation_rank=1, start_powerSGD_iter=PLAIN_STEPS)
 
     def hook(state, bucket):
         # The end of PowerSGD's chain of callbacks, and where each of its nested all-reduces was called from.
@@ -128,7 +132,7 @@ def callbacks_worker(rank: int, world_size: int) -> dict:
             out[f"{name}_chain"] = _chain(group, rank, world_size, threads)
             out[f"{name}_chain_threads"] = list(threads)
             threads.clear()
-            out[f"{name}_losses"] = _powersgd(group, rank, 6, threads)
+            out[f"{name}_losses"] = _powersgd(group, rank, STEPS, threads)
             out[f"{name}_powersgd_threads"] = list(threads)
             out[f"{name}_called_threads"] = list(called)
     finally:
@@ -162,14 +166,14 @@ def test_callbacks_issuing_collectives_never_run_on_the_issuer_thread():
             assert r[f"{name}_chain"] == expected_chain, (rank, name, r)
             assert len(r[f"{name}_chain_threads"]) == 3, (rank, name, r)
             losses = r[f"{name}_losses"]
-            assert len(losses) == 6 and all(math.isfinite(x) for x in losses), (rank, name, losses)
+            assert len(losses) == STEPS and all(math.isfinite(x) for x in losses), (rank, name, losses)
             # PowerSGD's chain ended once per step; from the third step on, its callbacks nested two all-reduces.
-            assert len(r[f"{name}_powersgd_threads"]) == 6, (rank, name, r)
-            assert len(r[f"{name}_called_threads"]) == 4 + 2 + 4 * 3, (rank, name, r)
+            assert len(r[f"{name}_powersgd_threads"]) == STEPS, (rank, name, r)
+            assert len(r[f"{name}_called_threads"]) == CALLED, (rank, name, r)
             for t in r[f"{name}_chain_threads"] + r[f"{name}_powersgd_threads"] + r[f"{name}_called_threads"]:
                 assert not t.startswith(ISSUER_PREFIX), (rank, name, t, r)
         # Every all-reduce of the delaycomm group was held back: the nested ones were released by the issuer.
-        assert r["allreduce_calls"] == 4 + 2 + 4 * 3, (rank, r)
+        assert r["allreduce_calls"] == CALLED, (rank, r)
         assert r["allreduce_delayed"] == r["allreduce_calls"], (rank, r)
         # The group of one rank: the chain's sums, the burst's values, every callback off the issuer threads.
         assert r["solo_chain"] == [float((rank + 1) * 10**k) for k in range(4)], (rank, r)

@@ -252,6 +252,13 @@ c10::intrusive_ptr<c10::ivalue::Future> DelayWorkCpu::getFuture() {
   return future_;
 }
 
+float DelayWorkCpu::getDuration() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(inner_, "delaycomm: ", opName(op_), ": getDuration() is known once the op was issued (sequence number ",
+              seq_, ")");
+  return inner_->getDuration();
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // DirectWorkCpu
 

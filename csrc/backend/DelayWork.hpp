@@ -65,6 +65,7 @@ class DelayWorkCpu : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void abort() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  float getDuration() const override;  // the inner work's (enableCollectivesTiming), once the op was issued
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
@@ -122,6 +123,7 @@ class DirectWorkCpu : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  float getDuration() const override { return inner_->getDuration(); }
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
@@ -158,6 +160,7 @@ class DelayWorkCuda : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  float getDuration() const override { return inner_->getDuration(); }
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
