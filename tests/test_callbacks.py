@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 import os
 import threading
+import warnings
 from datetime import timedelta
 
 import pytest
@@ -111,6 +112,9 @@ def _powersgd(group, rank: int, steps: int, threads: list[str]) -> list[float]:
 
 
 def callbacks_worker(rank: int, world_size: int) -> dict:
+    # torch's inter-op pool with one thread (a user may set it so): a callback blocked there must not keep the
+    # completion it waits for from running.
+    torch.set_num_interop_threads(1)
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=TIMEOUT_S))
     gloo = dist.new_group(backend="gloo", timeout=timedelta(seconds=TIMEOUT_S))
 
@@ -150,6 +154,30 @@ def callbacks_worker(rank: int, world_size: int) -> dict:
         futures.append(fut.then(lambda f: threads.append(_thread_name()) or f.value()))
     out["solo_burst"] = [f.wait()[0][0].item() for f in futures]
     out["solo_threads"] = threads
+
+    # An op held back past its group's timeout fails from the issuer thread, every time; the callback that sees
+    # the failure issues a collective (on the group of one) and waits for it.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the delay is longer than the timeout: the point here
+        late = [
+            dist.new_group([r], timeout=timedelta(seconds=1), pg_options=delaycomm.DelayConfig(delay="const:30s"))
+            for r in range(world_size)
+        ][rank]
+    seen: dict = {}
+
+    def on_failure(fut: torch.futures.Future) -> None:
+        seen["thread"] = _thread_name()
+        try:
+            fut.value()
+            seen["error"] = ""
+        except Exception as e:  # noqa: BLE001 - what the callback sees is the point
+            seen["error"] = str(e)
+        t = torch.ones(4)
+        dist.all_reduce(t, group=solo)
+        seen["nested"] = t[0].item()
+
+    dist.all_reduce(torch.ones(4), group=late, async_op=True).get_future().then(on_failure).wait()
+    out["expired"] = seen
     out["issuers"] = _issuer_threads()
     st = delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]
     out["allreduce_calls"], out["allreduce_delayed"] = st["calls"], st["delayed_calls"]
@@ -180,6 +208,9 @@ def test_callbacks_issuing_collectives_never_run_on_the_issuer_thread():
         assert r["solo_burst"] == [float(i) for i in range(40)], (rank, r)
         assert len(r["solo_threads"]) == 3 + 40, (rank, r)
         assert not [t for t in r["solo_threads"] if t.startswith(ISSUER_PREFIX)], (rank, r["solo_threads"])
-        assert len(r["issuers"]) == 2, (rank, r)  # the world's and this rank's group of one
+        assert len(r["issuers"]) == 3, (rank, r)  # the world's and this rank's two groups of one
+        assert not r["expired"]["thread"].startswith(ISSUER_PREFIX), (rank, r["expired"])
+        assert "timed out after 1000 ms (the group's timeout)" in r["expired"]["error"], (rank, r["expired"])
+        assert r["expired"]["nested"] == 1.0, (rank, r["expired"])
         # The same training on both groups: the same losses.
         assert r["delaycomm_losses"] == pytest.approx(r["gloo_losses"], rel=1e-5), (rank, r)

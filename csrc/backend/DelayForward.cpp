@@ -8,8 +8,7 @@
 namespace delaycomm {
 
 void DelayBackend::setTimeout(std::chrono::milliseconds timeout) {
-  TORCH_CHECK_VALUE(timeout.count() > 0, "delaycomm: setTimeout: timeout must be > 0 ms, got ", timeout.count(),
-                    " ms");
+  TORCH_CHECK_VALUE(timeout.count() > 0, "delaycomm: setTimeout: timeout must be > 0 ms, got ", timeout.count(), " ms");
   injector_->setTimeout(timeout);
   if (cpuInner_) {
     cpuInner_->setTimeout(timeout);

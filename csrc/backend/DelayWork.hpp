@@ -40,7 +40,8 @@ using Clock = std::chrono::steady_clock;
 // future (as the inner backend's own futures do), or on the thread that waits (no inner future), but never on a
 // thread that releases held-back ops (delay/IssuerThread.hpp: its callbacks are user code that may issue a
 // collective and wait for it): there, when the inner op completed before it was attached, or when the op failed,
-// expired or was cancelled, torch's inter-op pool (at::launch) completes it (docs/core.md "Threads").
+// expired or was cancelled, torch's inter-op pool (at::launch) completes it, or a thread of its own (dc-callbacks)
+// when every pool thread may be held by a blocking callback handed to it before (docs/core.md "Threads").
 class DelayWorkCpu : public c10d::Work {
  public:
   DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
