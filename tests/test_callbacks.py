@@ -3,9 +3,10 @@ issuer thread): a callback that issues a collective and waits for it (torch's Po
 wait for the very thread it blocks (docs/core.md "Threads").
 
 Real processes, real Gloo, the environment a user sets; every op delayed (fraction 1), so each nested all-reduce
-is held back and released by the issuer thread. A short group timeout turns a deadlock into a fast failure. Each
-design is also run on a plain Gloo group in the same processes: what Gloo itself cannot do (two outstanding
-futures whose callbacks block on nested all-reduces occupy both of its worker threads) is not asked here.
+is held back and released by the issuer thread. A short group timeout turns a deadlock into a fast failure, and
+torch's inter-op pool has one thread (where delaycomm hands completions over). Each design is also run on a plain
+Gloo group in the same processes: what Gloo itself cannot do (two outstanding futures whose callbacks block on
+nested all-reduces occupy both of its worker threads) is not asked here.
 """
 
 from __future__ import annotations
@@ -142,9 +143,9 @@ def callbacks_worker(rank: int, world_size: int) -> dict:
     finally:
         dist.all_reduce = all_reduce
 
-    # A group of one rank: its inner Gloo op completes at once, mostly before the issuer thread has attached it
-    # (285 of 400 callbacks ran on the issuer thread before the fix), so that a future completed by the issuer
-    # thread is the rule here rather than the exception it is on two ranks.
+    # A group of one rank: its inner Gloo op completes at once, often before the issuer thread has attached it, so
+    # that a future completed from the issuer thread is common here (rare on two ranks, where the op waits for the
+    # peer).
     solo = [dist.new_group([r]) for r in range(world_size)][rank]
     threads = []
     out["solo_chain"] = _chain(solo, rank, 1, threads)
