@@ -162,6 +162,11 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
     d["untimed"] = s.untimed.load();
     d["latency"] = summarize(s.latencyNs, 1e-3, "_us");
     d["delay"] = summarize(s.delayNs, 1e-3, "_us");
+    py::dict match;  // delay_mode=match (docs/delay.md, "Match mode"); zeros under delay_mode=add
+    match["calls"] = s.matchCalls.load();
+    match["nothing_added"] = s.matchNothingAdded.load();
+    match["uncalibrated"] = s.matchUncalibrated.load();
+    d["match"] = match;
     ops[row.name] = d;
   }
   const auto& st = g.staleness();
@@ -374,11 +379,13 @@ void bindDelay(py::module_& m) {
 
   py::class_<DelaySchedule>(m, "DelaySchedule",
                             "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
-      .def(py::init([](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks) {
-             return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
-                                  std::move(ranks));
-           }),
-           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{})
+      .def(py::init(
+               [](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst) {
+                 return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
+                                      std::move(ranks), burst);
+               }),
+           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
+           py::arg("burst") = 0.0)
       .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
       .def("delay_ns", &DelaySchedule::delayNs, py::arg("rank"), py::arg("stream"), py::arg("seq"))
       .def(
@@ -398,6 +405,35 @@ void bindDelay(py::module_& m) {
             return out;
           },
           py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def(
+          "delayed_many",
+          [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
+            const uint64_t count = checkedUnsigned(n, "DelaySchedule.delayed_many", "n");
+            const uint64_t st = checkedUnsigned(stream, "DelaySchedule.delayed_many", "stream");
+            const uint64_t first = checkedUnsigned(start, "DelaySchedule.delayed_many", "start");
+            py::array_t<bool> out(static_cast<py::ssize_t>(count));
+            bool* dst = out.mutable_data();
+            {
+              py::gil_scoped_release release;
+              for (uint64_t i = 0; i < count; ++i) {
+                dst[i] = s.delayed(rank, st, first + i);
+              }
+            }
+            return out;
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def(
+          "latest",
+          [](const DelaySchedule& s, int64_t stream, int64_t seq, int64_t size, int64_t onlyRank) {
+            const auto l = s.latest(checkedUnsigned(stream, "DelaySchedule.latest", "stream"),
+                                    checkedUnsigned(seq, "DelaySchedule.latest", "seq"), size, onlyRank);
+            return py::make_tuple(l.rank, l.ns, l.quantile);
+          },
+          py::arg("stream"), py::arg("seq"), py::arg("size"), py::arg("only_rank") = -1,
+          "delay_mode=match's view of a call: (latest rank or -1, its delay in ns, its quantile).")
+      .def_static("min_burst", &DelaySchedule::minBurst, py::arg("fraction"),
+                  "The shortest mean burst length at `fraction`: 1 / (1 - fraction) calls.")
+      .def_property_readonly("burst", &DelaySchedule::burst)
       .def_property_readonly("fraction", &DelaySchedule::fraction)
       .def_property_readonly("ranks", &DelaySchedule::ranks)
       .def_property_readonly("active", &DelaySchedule::active)
@@ -489,6 +525,9 @@ PYBIND11_MODULE(_C, m) {
   py::enum_<DelayWhere>(m, "DelayWhere", "delay_where=: where a delay is paid.")
       .value("NETWORK", DelayWhere::kNetwork)
       .value("HOST", DelayWhere::kHost);
+  py::enum_<DelayMode>(m, "DelayMode", "delay_mode=: add the delay, or match the target latency.")
+      .value("ADD", DelayMode::kAdd)
+      .value("MATCH", DelayMode::kMatch);
 
   py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())
@@ -500,6 +539,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("delay_ranks", &BackendOptions::delayRanks)
       .def_readwrite("delay_ops", &BackendOptions::delayOps)
       .def_readwrite("delay_where", &BackendOptions::delayWhere)
+      .def_readwrite("delay_mode", &BackendOptions::delayMode)
+      .def_readwrite("delay_burst", &BackendOptions::delayBurst)
       .def_readwrite("seed", &BackendOptions::seed)
       .def_readwrite("slowdown", &BackendOptions::slowdown)
       .def_readwrite("staleness", &BackendOptions::staleness)

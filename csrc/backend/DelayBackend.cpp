@@ -44,6 +44,9 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
   delay.ranks = options_.delayRanks;
   delay.ops = options_.delayOps;
   delay.where = options_.delayWhere;
+  delay.mode = options_.delayMode;
+  delay.burst = options_.delayBurst;
+  delay.size = size;
   delay.seed = options_.seed;
   delay.slowdown = options_.slowdown;
   delay.timeout = options_.timeout;

@@ -40,6 +40,8 @@ struct BackendOptions {
   std::vector<int64_t> delayRanks;               // delayed ranks; empty = all
   std::vector<OpKind> delayOps;                  // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
   DelayWhere delayWhere = DelayWhere::kNetwork;  // host: the caller blocks; network: the op is held back
+  DelayMode delayMode = DelayMode::kAdd;         // match: only what the call needs on top (docs/delay.md)
+  double delayBurst = 0.0;                       // mean burst length in calls; 0 = independent draws
   uint64_t seed = 0;
   double slowdown = 1.0;  // this rank's compute slowdown factor K (>= 1; 1 = none)
 

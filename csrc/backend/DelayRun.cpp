@@ -104,7 +104,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
   if (injector_->engaged()) {
     const std::function<void()> hook = afterWaits;
     c10d::Backend* innerPtr = &inner;
-    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook},
+    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook, bytes},
                             [this, innerPtr, op, device, issue = std::move(issue)](bool onCaller) mutable {
                               return issueOn(*innerPtr, op, device, issue, onCaller);
                             });

@@ -37,7 +37,8 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
   }
   if (!spec.isNone() && options_.fraction > 0.0) {
     try {
-      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.fraction, options_.seed, options_.ranks);
+      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.fraction, options_.seed, options_.ranks,
+                                                  options_.burst);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
@@ -49,6 +50,9 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     for (const OpKind kind : options_.ops) {
       TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
       delayOp_[static_cast<int>(kind)] = true;
+    }
+    if (options_.mode == DelayMode::kMatch) {
+      local_ = std::make_shared<LocalLatency>();
     }
     if (issuesCpuOps && options_.where == DelayWhere::kNetwork && schedule_->targets(rank)) {
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
@@ -85,6 +89,71 @@ int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq) const {
     return 0;
   }
   return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq);
+}
+
+namespace {
+
+// Point-to-point ops: their peers are not the whole group, so match mode takes the rank's own delay alone.
+bool pointToPoint(OpKind op) {
+  return op == OpKind::kSend || op == OpKind::kRecv || op == OpKind::kRecvAnysource;
+}
+
+// Feeds the estimate with the inner op's latency, from its issue (t0) to its completion (its future's callback,
+// on the inner backend's thread). Inner works without a future (Gloo's send/recv) are not observed.
+void observeInner(const c10::intrusive_ptr<c10d::Work>& work, std::shared_ptr<LocalLatency> local,
+                  LatencyEstimate* estimate, InjectorClock::time_point t0) {
+  if (!work) {
+    return;
+  }
+  c10::intrusive_ptr<c10::ivalue::Future> future;
+  try {
+    future = work->getFuture();
+  } catch (const std::exception&) {
+    return;
+  }
+  if (!future) {
+    return;
+  }
+  future->addCallback([local = std::move(local), estimate, t0](c10::ivalue::Future& f) {
+    if (!f.hasError()) {
+      estimate->record(std::chrono::duration_cast<std::chrono::nanoseconds>(InjectorClock::now() - t0).count());
+    }
+  });
+}
+
+}  // namespace
+
+int64_t DelayInjector::matchDelayNs(const Op& op, LatencyEstimate** observe) {
+  *observe = nullptr;
+  if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
+    return 0;
+  }
+  const auto latest =
+      schedule_->latest(static_cast<uint64_t>(op.kind), op.seq, options_.size, pointToPoint(op.kind) ? rank_ : -1);
+  LatencyEstimate& estimate = local_->at(op.kind, LocalLatency::sizeClassOf(op.bytes));
+  if (latest.rank < 0) {
+    *observe = &estimate;  // no rank is late: the inner op's latency is this machine's own
+    return 0;
+  }
+  if (latest.rank != rank_) {
+    return 0;  // another rank carries the call: this one waits for it in the op (not observed: it holds a delay)
+  }
+  *observe = &estimate;  // issued after this rank's own delay, with every peer already waiting
+  const int64_t own = estimate.quantileNs(latest.quantile);
+  // What the injection itself costs on top of its length (the issuer thread's or the sleeper's wake-up) is part of
+  // what the call takes here: its median is taken off too.
+  const int64_t late = std::max<int64_t>(0, local_->lateness.quantileNs(0.5));
+  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own) - late);
+  auto& s = stats_->op(op.kind);
+  s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+  s.delayNs.record(static_cast<double>(added));
+  s.matchCalls.fetch_add(1, std::memory_order_relaxed);
+  if (own < 0) {
+    s.matchUncalibrated.fetch_add(1, std::memory_order_relaxed);
+  } else if (own >= latest.ns) {
+    s.matchNothingAdded.fetch_add(1, std::memory_order_relaxed);
+  }
+  return added;
 }
 
 void DelayInjector::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const {
@@ -141,12 +210,22 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     applySlowdown(op.kind, op.seq, callDeadline);
   }
 
-  // The stale path consumes the schedule itself (as staleness, not as network delay).
-  const int64_t delayNs = op.applyDelay ? delayNsFor(op.kind, op.seq) : 0;
+  // The stale path consumes the schedule itself (as staleness, not as network delay), in either delay_mode.
+  const bool match = local_ && op.applyDelay;
+  LatencyEstimate* observe = nullptr;
+  if (match) {
+    TORCH_CHECK(!op.device.is_cuda(), "delaycomm: ", opName(op.kind),
+                ": delay_mode=match measures the inner op's latency on the host and supports CPU (Gloo) ops; for "
+                "cuda tensors use delay_mode=add");
+  }
+  const int64_t delayNs = match ? matchDelayNs(op, &observe) : op.applyDelay ? delayNsFor(op.kind, op.seq) : 0;
+  const auto beforeDelay = InjectorClock::now();
   if (delayNs > 0) {
     auto& s = stats_->op(op.kind);
-    s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
-    s.delayNs.record(static_cast<double>(delayNs));
+    if (!match) {  // matchDelayNs() counted the calls it carries, zeros included
+      s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+      s.delayNs.record(static_cast<double>(delayNs));
+    }
     if (options_.where == DelayWhere::kHost) {
       const auto woke =
           hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), delayNs), callDeadline);
@@ -161,6 +240,19 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
   }
   const int64_t networkDelayNs = options_.where == DelayWhere::kHost ? 0 : delayNs;
   const auto calledAt = InjectorClock::now();
+  if (observe != nullptr) {
+    // When the op was meant to be issued: after the host sleep, or at its release by the issuer thread.
+    const auto due = addSaturated<InjectorClock>(networkDelayNs > 0 ? calledAt : beforeDelay, delayNs);
+    issue = [inner = std::move(issue), local = local_, observe, due, delayed = delayNs > 0](bool onCaller) mutable {
+      const auto t0 = InjectorClock::now();
+      if (delayed) {
+        local->lateness.record(std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - due).count());
+      }
+      auto work = inner(onCaller);
+      observeInner(work, local, observe, t0);
+      return work;
+    };
+  }
 
   if (op.afterWaits) {
     (*op.afterWaits)();

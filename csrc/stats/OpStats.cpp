@@ -24,6 +24,9 @@ void OpStats::reset() {
   delayedCalls = 0;
   errors = 0;
   untimed = 0;
+  matchCalls = 0;
+  matchNothingAdded = 0;
+  matchUncalibrated = 0;
   latencyNs.reset();
   delayNs.reset();
 }

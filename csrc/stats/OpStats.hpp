@@ -23,6 +23,11 @@ struct OpStats {
   std::atomic<uint64_t> untimed{0};  // GPU works destroyed before anyone waited on them
   LogHistogram latencyNs;            // issue to completion
   LogHistogram delayNs;              // injected delay of the delayed calls
+  // delay_mode=match (docs/delay.md, "Match mode"): the calls this rank carried as the latest rank, those where
+  // its own latency already reached the target (nothing added), those before its estimate was calibrated.
+  std::atomic<uint64_t> matchCalls{0};
+  std::atomic<uint64_t> matchNothingAdded{0};
+  std::atomic<uint64_t> matchUncalibrated{0};
   void reset();
 };
 

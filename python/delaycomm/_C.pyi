@@ -57,6 +57,12 @@ class DelayWhere:
     name: str
     value: int
 
+class DelayMode:
+    ADD: ClassVar[DelayMode]
+    MATCH: ClassVar[DelayMode]
+    name: str
+    value: int
+
 class BackendOptions:
     timeout: timedelta
     group_name: str
@@ -66,6 +72,8 @@ class BackendOptions:
     delay_ranks: list[int]
     delay_ops: list[OpKind]
     delay_where: DelayWhere
+    delay_mode: DelayMode
+    delay_burst: float
     seed: int
     slowdown: float
     staleness: Staleness
@@ -128,10 +136,18 @@ class DelaySampler:
 
 class DelaySchedule:
     LOADER_STREAM: ClassVar[int]
-    def __init__(self, spec: str, fraction: float, seed: int = 0, ranks: Sequence[int] = ...) -> None: ...
+    def __init__(
+        self, spec: str, fraction: float, seed: int = 0, ranks: Sequence[int] = ..., burst: float = 0.0
+    ) -> None: ...
     def delayed(self, rank: int, stream: int, seq: int) -> bool: ...
     def delay_ns(self, rank: int, stream: int, seq: int) -> int: ...
     def delays_ns(self, rank: int, stream: int, start: int, n: int) -> np.ndarray: ...
+    def delayed_many(self, rank: int, stream: int, start: int, n: int) -> np.ndarray: ...
+    def latest(self, stream: int, seq: int, size: int, only_rank: int = -1) -> tuple[int, int, float]: ...
+    @staticmethod
+    def min_burst(fraction: float) -> float: ...
+    @property
+    def burst(self) -> float: ...
     @property
     def fraction(self) -> float: ...
     @property

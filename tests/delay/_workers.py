@@ -393,3 +393,37 @@ def memory_over_many_ops(rank, world_size, init_method, n=10_000):
     pending = backend.pending_delayed_ops()
     dist.destroy_process_group()
     return {"growth_mb": after - before, "delayed": delayed, "pending": pending}
+
+
+def match_mode(rank, world_size, init_method, n=120, burst=None):
+    """delay_mode=match against delay_mode=add and no delay, in one job (three groups): each call timed by this
+    script's own clock, 1 KiB and 4 MiB all-reduces interleaved. The delay: lognormal p50=3ms,p99=30ms on every
+    call of rank 0 (so the call's target latency is that lognormal)."""
+    _init(rank, world_size, init_method)
+    spec = dict(delay="lognormal:p50=3ms,p99=30ms", delay_fraction=1.0, delay_ranks="0", delay_burst=burst)
+    groups = {
+        "none": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
+        "match": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay_mode="match", **spec)),
+        "add": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay_mode="add", **spec)),
+    }
+    sizes = {"1KiB": 256, "4MiB": 1 << 20}
+    times = {g: {s: [] for s in sizes} for g in groups}
+    bufs = {s: torch.ones(numel) for s, numel in sizes.items()}
+    for _ in range(n):  # the groups interleaved too, so that the machine's load weighs on each alike
+        for name, g in groups.items():
+            for s, t in bufs.items():
+                t0 = time.perf_counter()
+                dist.all_reduce(t, group=g, async_op=True).wait()
+                times[name][s].append(time.perf_counter() - t0)
+    # The target of each call of the match group: rank 0's delay in the schedule (the only delayed rank), by the
+    # group's sequence numbers 1, 2, ... (the sizes alternate).
+    backend = backend_of(groups["match"])
+    targets = [backend.delay_ns_for("allreduce", seq) * 1e-9 if rank == 0 else 0.0 for seq in range(1, 2 * n + 1)]
+    out = {
+        "times": times,
+        "targets": {s: targets[i :: len(sizes)] for i, s in enumerate(sizes)},
+        "match": delaycomm.stats(groups["match"])["ops"]["allreduce"]["match"],
+        "delayed": {g: delaycomm.stats(groups[g])["ops"]["allreduce"]["delayed_calls"] for g in groups},
+    }
+    dist.destroy_process_group()
+    return out
