@@ -80,11 +80,11 @@ void DelayInjector::abort() {
   }
 }
 
-int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq) const {
+int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
   if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
     return 0;
   }
-  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq);
+  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes});
 }
 
 void DelayInjector::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const {
@@ -142,7 +142,8 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
   }
 
   // The stale path consumes the schedule itself (as staleness, not as network delay).
-  const int64_t delayNs = op.applyDelay ? delayNsFor(op.kind, op.seq) : 0;
+  const auto enteredAt = InjectorClock::now();
+  const int64_t delayNs = op.applyDelay ? delayNsFor(op.kind, op.seq, op.bytes) : 0;
   if (delayNs > 0) {
     auto& s = stats_->op(op.kind);
     s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
@@ -179,25 +180,25 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     } else {
       innerWork = issue(true);
     }
-    return {std::move(innerWork), false, calledAt};
+    return {std::move(innerWork), false, calledAt, enteredAt};
   }
-  return issueCpu(op, issue, networkDelayNs, calledAt);
+  return issueCpu(op, issue, networkDelayNs, calledAt, enteredAt);
 }
 
 DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs,
-                                              InjectorClock::time_point calledAt) {
+                                              InjectorClock::time_point calledAt, InjectorClock::time_point enteredAt) {
   if (!issuer_) {
-    return {issue(true), false, calledAt};
+    return {issue(true), false, calledAt, enteredAt};
   }
   if (networkDelayNs == 0) {
     // Nothing held back ahead of it: issue on the caller's thread (the issuer's lock keeps the call order).
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (issuer_->runInlineIfIdle([&] { innerWork = issue(true); })) {
-      return {std::move(innerWork), false, calledAt};
+      return {std::move(innerWork), false, calledAt, enteredAt};
     }
   }
   auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, options_.timeout,
-                                                networkDelayNs);
+                                                networkDelayNs, CallTiming{sizeClassOf(op.bytes), enteredAt});
   const OpKind kind = op.kind;
   issuer_->submit(
       addSaturated<InjectorClock>(calledAt, networkDelayNs),
@@ -215,7 +216,7 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       [work](std::exception_ptr error) { work->fail(error); },
       // Still held back at the call time + the group's timeout: the work fails with the timeout error.
       addSaturated<InjectorClock>(calledAt, options_.timeout), [work] { work->expire(); });
-  return {std::move(work), true, calledAt};
+  return {std::move(work), true, calledAt, enteredAt};
 }
 
 }  // namespace delaycomm

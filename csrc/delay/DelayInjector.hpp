@@ -65,6 +65,7 @@ class DelayInjector {
     // null): the front opens the inner coalescing window and starts the CUDA timing there, so that an op's GPU
     // time includes its network delay and not the host's.
     const std::function<void()>* afterWaits = nullptr;
+    int64_t bytes = 0;  // the call's size, for a delay that depends on it (profile:FILE)
   };
   // Issues the op to the inner backend now and returns its work (null inside an inner coalescing window).
   // onCaller: true on the calling thread (errors count there), false on the issuer thread (the work counts them).
@@ -72,7 +73,8 @@ class DelayInjector {
   struct Issued {
     c10::intrusive_ptr<c10d::Work> work;  // held back: the caller's DelayWorkCpu; else the inner work
     bool heldBack = false;
-    std::chrono::steady_clock::time_point calledAt;  // after the waits on the calling thread (latency starts)
+    std::chrono::steady_clock::time_point calledAt;   // after the waits on the calling thread (latency starts)
+    std::chrono::steady_clock::time_point enteredAt;  // after a slowdown, before a host delay (the caller's latency)
   };
 
   DelayInjector(int rank, Options options, bool issuesCpuOps, std::shared_ptr<GroupStats> stats);
@@ -85,8 +87,8 @@ class DelayInjector {
   // The delay schedule of the group (every rank's, for the staleness engine); null when no delay is configured.
   const DelaySchedule* schedule() const { return schedule_.get(); }
   bool delays(OpKind op) const { return delayOp_[static_cast<int>(op)]; }
-  // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
-  int64_t delayNsFor(OpKind op, uint64_t seq) const;
+  // The delay of op `seq` of kind `op` (of `bytes`; -1: unknown) on this rank, in ns (0: not delayed).
+  int64_t delayNsFor(OpKind op, uint64_t seq, int64_t bytes = -1) const;
   // CPU ops queued in (or being issued by) the issuer thread.
   size_t pending() const { return issuer_ ? issuer_->pending() : 0; }
 
@@ -102,7 +104,8 @@ class DelayInjector {
  private:
   void applySlowdown(OpKind op, uint64_t seq, std::chrono::steady_clock::time_point deadline);
   void throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const;
-  Issued issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs, std::chrono::steady_clock::time_point calledAt);
+  Issued issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs, std::chrono::steady_clock::time_point calledAt,
+                  std::chrono::steady_clock::time_point enteredAt);
 
   const int rank_;
   const Options options_;

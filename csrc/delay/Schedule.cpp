@@ -38,13 +38,13 @@ bool DelaySchedule::delayed(int64_t rank, uint64_t stream, uint64_t seq) const {
   return counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq).second < fraction_;
 }
 
-int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq) const {
+int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at) const {
   if (!active() || !targets(rank))
     return 0;
   const auto [uDelay, uSelect] = counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq);
   if (!(uSelect < fraction_))
     return 0;
-  const double ns = sampler_.quantile(uDelay) * 1e9;
+  const double ns = sampler_.quantile(uDelay, at) * 1e9;
   return static_cast<int64_t>(std::llround(std::min(ns, kMaxDelayNs)));
 }
 

@@ -30,8 +30,8 @@ class DelaySchedule {
 
   // Whether rank's call (stream, seq) is delayed (Bernoulli(fraction) draw, and rank targeted).
   bool delayed(int64_t rank, uint64_t stream, uint64_t seq) const;
-  // Its delay in nanoseconds (0 when not delayed).
-  int64_t delayNs(int64_t rank, uint64_t stream, uint64_t seq) const;
+  // Its delay in nanoseconds (0 when not delayed); `at`: the call, for a distribution that depends on it.
+  int64_t delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at = {}) const;
 
   bool targets(int64_t rank) const;
   bool active() const { return fraction_ > 0.0 && !sampler_.isNone(); }

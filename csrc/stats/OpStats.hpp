@@ -2,6 +2,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <mutex>
@@ -14,6 +15,31 @@
 
 namespace delaycomm {
 
+// One latency histogram per size class, each allocated when its class first records (once per class and group,
+// never on later calls). Threads: any; at() is lock-free once the class exists.
+class SizeHistograms {
+ public:
+  SizeHistograms() = default;
+  ~SizeHistograms();
+  SizeHistograms(const SizeHistograms&) = delete;
+  SizeHistograms& operator=(const SizeHistograms&) = delete;
+  LogHistogram& at(int sizeClass);
+  const LogHistogram* find(int sizeClass) const {
+    return classes_[static_cast<size_t>(sizeClass)].load(std::memory_order_acquire);
+  }
+  void reset();
+
+ private:
+  std::array<std::atomic<LogHistogram*>, kSizeClasses> classes_{};
+};
+
+// What a work needs to record the latency its caller experiences (docs/profile.md, "What is recorded"): the
+// size class of the call and when the call entered delaycomm (after a compute slowdown, before a host delay).
+struct CallTiming {
+  int sizeClass = 0;
+  std::chrono::steady_clock::time_point enteredAt{};
+};
+
 // Telemetry of one op type in one group. All members are updated lock-free from any thread.
 struct OpStats {
   std::atomic<uint64_t> calls{0};
@@ -23,6 +49,7 @@ struct OpStats {
   std::atomic<uint64_t> untimed{0};  // GPU works destroyed before anyone waited on them
   LogHistogram latencyNs;            // issue to completion
   LogHistogram delayNs;              // injected delay of the delayed calls
+  SizeHistograms callNsBySize;       // the latency the caller experiences, per size class (successful calls)
   void reset();
 };
 
@@ -50,8 +77,8 @@ struct HostStats {
 // Threads: any; harvesting never blocks (it stops at the first pair whose end has not completed).
 class CudaTimings {
  public:
-  void push(OpKind op, c10::Event start, c10::Event end);
-  // Folds every completed pair, in order, into `ops[op].latencyNs`.
+  void push(OpKind op, c10::Event start, c10::Event end, int sizeClass = 0);
+  // Folds every completed pair, in order, into `ops[op].latencyNs` and its size class's histogram.
   void harvest(std::array<OpStats, kNumOpKinds>& ops);
 
  private:
@@ -59,6 +86,7 @@ class CudaTimings {
     OpKind op;
     c10::Event start;
     c10::Event end;
+    int sizeClass;
   };
   std::mutex mutex_;
   std::deque<Pair> pending_;
@@ -73,6 +101,12 @@ class GroupStats {
   HostStats& host() { return host_; }
   const HostStats& host() const { return host_; }
   CudaTimings& cudaTimings() { return cudaTimings_; }
+  // A successful call completed now, as its caller sees it: records the time since call.enteredAt.
+  void recordCall(OpKind kind, const CallTiming& call) {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.enteredAt).count();
+    op(kind).callNsBySize.at(call.sizeClass).record(static_cast<double>(ns));
+  }
   // Folds the completed GPU timings into the histograms (never blocks).
   void harvestCudaTimings() { cudaTimings_.harvest(ops_); }
   void reset();
