@@ -19,6 +19,7 @@
 #include "delay/DelaySpec.hpp"
 #include "delay/Fit.hpp"
 #include "delay/IssuerThread.hpp"
+#include "delay/Profile.hpp"
 #include "delay/Sampler.hpp"
 #include "delay/Schedule.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
@@ -143,6 +144,45 @@ py::dict summarize(const LogHistogram& h, double scale, const char* unit) {
   return d;
 }
 
+// The latency callers experienced per size class (docs/profile.md, "What is recorded"): for each class that
+// recorded a call, its smallest size, a summary and the whole histogram (sparse [index, count] pairs of the log
+// buckets, what a profile is built from).
+py::list bySize(const SizeHistograms& classes) {
+  py::list out;
+  for (int c = 0; c < kSizeClasses; ++c) {
+    const LogHistogram* h = classes.find(c);
+    if (h == nullptr) {
+      continue;
+    }
+    const auto s = h->snapshot();
+    if (s.count == 0) {
+      continue;
+    }
+    py::list buckets;
+    for (int i = 0; i < LogHistogram::kBuckets; ++i) {
+      if (s.buckets[static_cast<size_t>(i)] != 0) {
+        buckets.append(py::make_tuple(i, s.buckets[static_cast<size_t>(i)]));
+      }
+    }
+    py::dict hist;
+    hist["base"] = LogHistogram::kBase;
+    hist["unit"] = "ns";
+    hist["count"] = s.count;
+    hist["zeros"] = s.zeros;
+    hist["sum_ns"] = s.sum;
+    hist["min_ns"] = s.min;
+    hist["max_ns"] = s.max;
+    hist["buckets"] = buckets;
+    py::dict d;
+    d["bytes"] = sizeClassBytes(c);
+    d["calls"] = s.count;
+    d["latency"] = summarize(*h, 1e-3, "_us");
+    d["histogram"] = hist;
+    out.append(d);
+  }
+  return out;
+}
+
 // The one place where a group's telemetry becomes the dict of delaycomm.stats() (README "Telemetry"):
 // per-op counters and summaries, the staleness counters with the engine's own keys (docs/staleness.md; zeros
 // and "off" when the engine is off), the slowdown.
@@ -162,6 +202,7 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
     d["untimed"] = s.untimed.load();
     d["latency"] = summarize(s.latencyNs, 1e-3, "_us");
     d["delay"] = summarize(s.delayNs, 1e-3, "_us");
+    d["by_size"] = bySize(s.callNsBySize);
     py::dict match;  // delay_mode=match (docs/delay.md, "Match mode"); zeros under delay_mode=add
     match["calls"] = s.matchCalls.load();
     match["nothing_added"] = s.matchNothingAdded.load();
@@ -230,6 +271,12 @@ py::dict describeSampler(const DelaySampler& s) {
     given[py::float_(p.q)] = p.seconds;
   }
   d["requested_percentiles_s"] = given;
+  if (spec.family == DelaySpec::Family::kProfile) {
+    d["profile_path"] = spec.profilePath;
+    char digest[24];  // the file's content, for the ranks' agreement on the configuration
+    std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(spec.profile->digest()));
+    d["profile_digest"] = std::string(digest);
+  }
   if (spec.family == DelaySpec::Family::kTrace) {
     d["trace_path"] = spec.tracePath;
     char digest[24];  // the file's content, for the ranks' agreement on the configuration
@@ -348,9 +395,18 @@ void bindDelay(py::module_& m) {
           py::arg("n"), py::arg("stream") = 0, py::arg("start") = 0)
       .def(
           "quantile",
-          [](const DelaySampler& s, py::object q) {
+          [](const DelaySampler& s, py::object q, std::optional<std::string> op, int64_t nbytes) {
+            CallSize at;  // a profile's (op, size class); other families ignore it
+            if (op) {
+              OpKind kind{};
+              if (!opFromName(*op, &kind)) {
+                throw std::invalid_argument("delaycomm: DelaySampler.quantile: unknown op " + delaycomm::quoted(*op));
+              }
+              at.op = static_cast<int>(kind);
+            }
+            at.bytes = nbytes;
             return mapDoubles(
-                q, [&s](double v) { return s.quantile(v); },
+                q, [&s, at](double v) { return s.quantile(v, at); },
                 [](double v) {
                   if (!(v >= 0.0 && v <= 1.0)) {
                     throw std::invalid_argument("delaycomm: DelaySampler.quantile: q must be in [0, 1], got " +
@@ -358,7 +414,7 @@ void bindDelay(py::module_& m) {
                   }
                 });
           },
-          py::arg("q"))
+          py::arg("q"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
       .def(
           "cdf",
           [](const DelaySampler& s, py::object x) {
@@ -387,7 +443,22 @@ void bindDelay(py::module_& m) {
            py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
            py::arg("burst") = 0.0)
       .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
-      .def("delay_ns", &DelaySchedule::delayNs, py::arg("rank"), py::arg("stream"), py::arg("seq"))
+      .def(
+          "delay_ns",
+          [](const DelaySchedule& s, int64_t rank, uint64_t stream, uint64_t seq, std::optional<std::string> op,
+             int64_t nbytes) {
+            CallSize at;  // a profile's (op, size class); other families ignore it
+            if (op) {
+              OpKind kind{};
+              if (!opFromName(*op, &kind)) {
+                throw std::invalid_argument("delaycomm: DelaySchedule.delay_ns: unknown op " + delaycomm::quoted(*op));
+              }
+              at.op = static_cast<int>(kind);
+            }
+            at.bytes = nbytes;
+            return s.delayNs(rank, stream, seq, at);
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("seq"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
       .def(
           "delays_ns",
           [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
@@ -620,14 +691,15 @@ PYBIND11_MODULE(_C, m) {
           py::arg("device"), "The inner backend that serves `device` ('cpu' or 'cuda'), or None.")
       .def(
           "delay_ns_for",
-          [](DelayBackend& self, const std::string& op, uint64_t seq) {
+          [](DelayBackend& self, const std::string& op, uint64_t seq, int64_t nbytes) {
             OpKind kind;
             if (!opFromName(op, &kind)) {
               throw std::invalid_argument("delaycomm: delay_ns_for: unknown op '" + op + "'");
             }
-            return self.delayNsFor(kind, seq);
+            return self.delayNsFor(kind, seq, nbytes);
           },
-          py::arg("op"), py::arg("seq"), "The injected delay of op `seq` (a group sequence number) on this rank.")
+          py::arg("op"), py::arg("seq"), py::arg("nbytes") = -1,
+          "The injected delay of op `seq` (a group sequence number; of `nbytes`, for a profile) on this rank.")
       .def("pending_delayed_ops", &DelayBackend::pendingDelayedOps);
 
   bindDelay(m);

@@ -113,8 +113,8 @@ _STATS = (
 )
 _SPECS = (
     "expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms"
-    "[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each "
-    "is 0 or from 1ns to 86400s)"
+    "[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE, profile:FILE (durations need a unit: ns, us, ms, "
+    "s; each is 0 or from 1ns to 86400s)"
 )
 _NCCL = (
     "expected 'auto' (leave NCCL's tuner alone) or an NCCL_ALGO value such as 'allreduce:tree', 'ring', "

@@ -458,6 +458,7 @@ void DelayBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
   stats_->op(OpKind::kBarrier)
       .latencyNs.record(
           static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+  stats_->recordCall(OpKind::kBarrier, CallTiming{0, t0});
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -53,6 +53,7 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     }
     if (options_.mode == DelayMode::kMatch) {
       local_ = std::make_shared<LocalLatency>();
+      stats_->setOwnLatencySink(local_);  // the works record what their callers experience into it
     }
     if (issuesCpuOps && options_.where == DelayWhere::kNetwork && schedule_->targets(rank)) {
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
@@ -84,11 +85,11 @@ void DelayInjector::abort() {
   }
 }
 
-int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq) const {
+int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
   if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
     return 0;
   }
-  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq);
+  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes});
 }
 
 namespace {
@@ -98,52 +99,26 @@ bool pointToPoint(OpKind op) {
   return op == OpKind::kSend || op == OpKind::kRecv || op == OpKind::kRecvAnysource;
 }
 
-// Feeds the estimate with the inner op's latency, from its issue (t0) to its completion (its future's callback,
-// on the inner backend's thread). Inner works without a future (Gloo's send/recv) are not observed.
-void observeInner(const c10::intrusive_ptr<c10d::Work>& work, std::shared_ptr<LocalLatency> local,
-                  LatencyEstimate* estimate, InjectorClock::time_point t0) {
-  if (!work) {
-    return;
-  }
-  c10::intrusive_ptr<c10::ivalue::Future> future;
-  try {
-    future = work->getFuture();
-  } catch (const std::exception&) {
-    return;
-  }
-  if (!future) {
-    return;
-  }
-  future->addCallback([local = std::move(local), estimate, t0](c10::ivalue::Future& f) {
-    if (!f.hasError()) {
-      estimate->record(std::chrono::duration_cast<std::chrono::nanoseconds>(InjectorClock::now() - t0).count());
-    }
-  });
-}
-
 }  // namespace
 
-int64_t DelayInjector::matchDelayNs(const Op& op, LatencyEstimate** observe) {
-  *observe = nullptr;
+int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
+  *observe = -1;
   if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
     return 0;
   }
+  const CallSize at{static_cast<int>(op.kind), op.bytes};
   const auto latest =
-      schedule_->latest(static_cast<uint64_t>(op.kind), op.seq, options_.size, pointToPoint(op.kind) ? rank_ : -1);
-  LatencyEstimate& estimate = local_->at(op.kind, LocalLatency::sizeClassOf(op.bytes));
+      schedule_->latest(static_cast<uint64_t>(op.kind), op.seq, options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
   if (latest.rank < 0) {
-    *observe = &estimate;  // no rank is late: the inner op's latency is this machine's own
+    *observe = 0;  // no rank is late: what the caller sees is this machine's own latency
     return 0;
   }
   if (latest.rank != rank_) {
     return 0;  // another rank carries the call: this one waits for it in the op (not observed: it holds a delay)
   }
-  *observe = &estimate;  // issued after this rank's own delay, with every peer already waiting
-  const int64_t own = estimate.quantileNs(latest.quantile);
-  // What the injection itself costs on top of its length (the issuer thread's or the sleeper's wake-up) is part of
-  // what the call takes here: its median is taken off too.
-  const int64_t late = std::max<int64_t>(0, local_->lateness.quantileNs(0.5));
-  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own) - late);
+  const int64_t own = local_->at(op.kind, sizeClassOf(op.bytes)).quantileNs(latest.quantile);
+  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own));
+  *observe = added;  // every peer already waits in the op when this rank issues it: the rest is this machine's own
   auto& s = stats_->op(op.kind);
   s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
   s.delayNs.record(static_cast<double>(added));
@@ -211,15 +186,17 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
   }
 
   // The stale path consumes the schedule itself (as staleness, not as network delay), in either delay_mode.
+  const auto enteredAt = InjectorClock::now();
   const bool match = local_ && op.applyDelay;
-  LatencyEstimate* observe = nullptr;
+  int64_t observe = -1;
   if (match) {
     TORCH_CHECK(!op.device.is_cuda(), "delaycomm: ", opName(op.kind),
-                ": delay_mode=match measures the inner op's latency on the host and supports CPU (Gloo) ops; for "
+                ": delay_mode=match measures this machine's own latency on the host and supports CPU (Gloo) ops; for "
                 "cuda tensors use delay_mode=add");
   }
-  const int64_t delayNs = match ? matchDelayNs(op, &observe) : op.applyDelay ? delayNsFor(op.kind, op.seq) : 0;
-  const auto beforeDelay = InjectorClock::now();
+  const int64_t delayNs = match           ? matchDelayNs(op, &observe)
+                          : op.applyDelay ? delayNsFor(op.kind, op.seq, op.bytes)
+                                          : 0;
   if (delayNs > 0) {
     auto& s = stats_->op(op.kind);
     if (!match) {  // matchDelayNs() counted the calls it carries, zeros included
@@ -240,19 +217,6 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
   }
   const int64_t networkDelayNs = options_.where == DelayWhere::kHost ? 0 : delayNs;
   const auto calledAt = InjectorClock::now();
-  if (observe != nullptr) {
-    // When the op was meant to be issued: after the host sleep, or at its release by the issuer thread.
-    const auto due = addSaturated<InjectorClock>(networkDelayNs > 0 ? calledAt : beforeDelay, delayNs);
-    issue = [inner = std::move(issue), local = local_, observe, due, delayed = delayNs > 0](bool onCaller) mutable {
-      const auto t0 = InjectorClock::now();
-      if (delayed) {
-        local->lateness.record(std::chrono::duration_cast<std::chrono::nanoseconds>(t0 - due).count());
-      }
-      auto work = inner(onCaller);
-      observeInner(work, local, observe, t0);
-      return work;
-    };
-  }
 
   if (op.afterWaits) {
     (*op.afterWaits)();
@@ -271,25 +235,26 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     } else {
       innerWork = issue(true);
     }
-    return {std::move(innerWork), false, calledAt};
+    return {std::move(innerWork), false, calledAt, enteredAt, observe};
   }
-  return issueCpu(op, issue, networkDelayNs, calledAt);
+  return issueCpu(op, issue, networkDelayNs, calledAt, enteredAt, observe);
 }
 
 DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs,
-                                              InjectorClock::time_point calledAt) {
+                                              InjectorClock::time_point calledAt, InjectorClock::time_point enteredAt,
+                                              int64_t observe) {
   if (!issuer_) {
-    return {issue(true), false, calledAt};
+    return {issue(true), false, calledAt, enteredAt, observe};
   }
   if (networkDelayNs == 0) {
     // Nothing held back ahead of it: issue on the caller's thread (the issuer's lock keeps the call order).
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (issuer_->runInlineIfIdle([&] { innerWork = issue(true); })) {
-      return {std::move(innerWork), false, calledAt};
+      return {std::move(innerWork), false, calledAt, enteredAt, observe};
     }
   }
   auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, options_.timeout,
-                                                networkDelayNs);
+                                                networkDelayNs, CallTiming{sizeClassOf(op.bytes), enteredAt, observe});
   const OpKind kind = op.kind;
   issuer_->submit(
       addSaturated<InjectorClock>(calledAt, networkDelayNs),
@@ -307,7 +272,7 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       [work](std::exception_ptr error) { work->fail(error); },
       // Still held back at the call time + the group's timeout: the work fails with the timeout error.
       addSaturated<InjectorClock>(calledAt, options_.timeout), [work] { work->expire(); });
-  return {std::move(work), true, calledAt};
+  return {std::move(work), true, calledAt, enteredAt, observe};
 }
 
 }  // namespace delaycomm

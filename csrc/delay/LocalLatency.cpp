@@ -50,13 +50,6 @@ LocalLatency::~LocalLatency() {
   }
 }
 
-int LocalLatency::sizeClassOf(int64_t bytes) {
-  if (bytes <= 1) {
-    return 0;
-  }
-  return std::min(kSizeClasses - 1, 63 - __builtin_clzll(static_cast<unsigned long long>(bytes)));
-}
-
 LatencyEstimate& LocalLatency::at(OpKind op, int sizeClass) {
   auto& slot = estimates_[static_cast<size_t>(op) * kSizeClasses + static_cast<size_t>(sizeClass)];
   LatencyEstimate* e = slot.load(std::memory_order_acquire);

@@ -5,19 +5,20 @@
 #include <cstdint>
 
 #include "ops/OpTable.hpp"
+#include "stats/OpStats.hpp"
 
 namespace delaycomm {
 
 // delay_mode=match's online estimate of this machine's own latency per (op, size class) (docs/delay.md, "Match
-// mode"): the latency of the inner op alone, from its issue to the inner backend to its completion, observed on
-// the calls that no other rank held back (so no injected delay is in it).
+// mode"): what the caller experiences (GroupStats::recordCall: from the call until it sees the call complete)
+// minus the delay this rank injected, observed on the calls that no other rank held back.
 //
 // One estimate is a log-bucket histogram (ratio 1.04 from 100 ns to ~52 s; a quantile is interpolated within its
 // bucket), cumulative over the group's life. It answers nothing (-1) before kMinSamples observations: until then
 // delay_mode=match adds the whole target, as delay_mode=add would.
 //
-// Threads: record() from any thread (Gloo's, the issuer's), quantileNs() from any thread; lock-free. The estimates
-// of one group are allocated on first use.
+// Threads: record() from any thread (the caller's, Gloo's), quantileNs() from any thread; lock-free. The
+// estimates of one group are allocated on first use.
 class LatencyEstimate {
  public:
   static constexpr int kBuckets = 512;
@@ -35,22 +36,16 @@ class LatencyEstimate {
   std::atomic<uint64_t> total_{0};
 };
 
-class LocalLatency {
+class LocalLatency : public OwnLatencySink {
  public:
-  static constexpr int kSizeClasses = 64;
-
   LocalLatency() = default;
-  ~LocalLatency();
+  ~LocalLatency() override;
   LocalLatency(const LocalLatency&) = delete;
   LocalLatency& operator=(const LocalLatency&) = delete;
 
-  // A payload's size class: floor(log2(bytes)), 0 for 0 or 1 byte.
-  static int sizeClassOf(int64_t bytes);
+  // The estimate of (op, size class) (size classes: stats/Histogram.hpp's sizeClassOf).
   LatencyEstimate& at(OpKind op, int sizeClass);
-
-  // How late an injected delay ends (the op issued after its due time: the issuer thread's or the host sleeper's
-  // wake-up), over the group's delayed calls.
-  LatencyEstimate lateness;
+  void record(OpKind op, int sizeClass, int64_t ns) override { at(op, sizeClass).record(ns); }
 
  private:
   std::array<std::atomic<LatencyEstimate*>, kNumOpKinds * kSizeClasses> estimates_{};

@@ -118,8 +118,8 @@ bool DelaySchedule::selected(int64_t rank, uint64_t stream, uint64_t seq, double
   return uSelect < fraction_;
 }
 
-int64_t DelaySchedule::quantileNs(double u) const {
-  const double ns = sampler_.quantile(u) * 1e9;
+int64_t DelaySchedule::quantileNs(double u, CallSize at) const {
+  const double ns = sampler_.quantile(u, at) * 1e9;
   return static_cast<int64_t>(std::llround(std::min(ns, kMaxDelayNs)));
 }
 
@@ -129,16 +129,17 @@ bool DelaySchedule::delayed(int64_t rank, uint64_t stream, uint64_t seq) const {
   return selected(rank, stream, seq, counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq).second);
 }
 
-int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq) const {
+int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at) const {
   if (!active() || !targets(rank))
     return 0;
   const auto [uDelay, uSelect] = counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq);
   if (!selected(rank, stream, seq, uSelect))
     return 0;
-  return quantileNs(uDelay);
+  return quantileNs(uDelay, at);
 }
 
-DelaySchedule::Latest DelaySchedule::latest(uint64_t stream, uint64_t seq, int64_t size, int64_t onlyRank) const {
+DelaySchedule::Latest DelaySchedule::latest(uint64_t stream, uint64_t seq, int64_t size, int64_t onlyRank,
+                                            CallSize at) const {
   Latest out;
   if (!active())
     return out;
@@ -167,7 +168,7 @@ DelaySchedule::Latest DelaySchedule::latest(uint64_t stream, uint64_t seq, int64
   }
   if (out.rank < 0)
     return out;
-  out.ns = quantileNs(best);
+  out.ns = quantileNs(best, at);
   // P(largest delay <= x) = prod over the m ranks of P(d_r <= x) = ((1 - f) + f G(x))^m, and G(x) = u at the
   // largest delay x = G^-1(u); exact also within an atom of G (const) since the draws order the tie.
   out.quantile = std::pow((1.0 - fraction_) + fraction_ * best, static_cast<double>(m));

@@ -42,8 +42,8 @@ class DelaySchedule {
 
   // Whether rank's call (stream, seq) is delayed (the rank is targeted, and its draw or its burst state says so).
   bool delayed(int64_t rank, uint64_t stream, uint64_t seq) const;
-  // Its delay in nanoseconds (0 when not delayed).
-  int64_t delayNs(int64_t rank, uint64_t stream, uint64_t seq) const;
+  // Its delay in nanoseconds (0 when not delayed); `at`: the call, for a distribution that depends on it.
+  int64_t delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at = {}) const;
 
   // The latest rank of a call (delay_mode=match; docs/delay.md, "Match mode"): among the targeted ranks below
   // `size` (or `onlyRank` alone when >= 0), the delayed one with the largest quantile draw, which has the largest
@@ -54,7 +54,7 @@ class DelaySchedule {
     int64_t ns = 0;         // its delay (the schedule's), = delayNs(rank, stream, seq)
     double quantile = 0.0;  // in (0, 1)
   };
-  Latest latest(uint64_t stream, uint64_t seq, int64_t size, int64_t onlyRank = -1) const;
+  Latest latest(uint64_t stream, uint64_t seq, int64_t size, int64_t onlyRank = -1, CallSize at = {}) const;
 
   bool targets(int64_t rank) const;
   bool active() const { return fraction_ > 0.0 && !sampler_.isNone(); }
@@ -70,7 +70,7 @@ class DelaySchedule {
 
  private:
   bool selected(int64_t rank, uint64_t stream, uint64_t seq, double uSelect) const;
-  int64_t quantileNs(double u) const;
+  int64_t quantileNs(double u, CallSize at) const;
   // The last refresh of the chain at or before t (position 0 is always one).
   uint64_t lastRefresh(uint64_t key, uint64_t chain, uint64_t t) const;
 

@@ -407,13 +407,13 @@ OPTIONS: tuple[Option, ...] = (
         _parse_delay,
         "none",
         "delay distribution: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, "
-        "pareto:p50=..,p99=.., const:50ms, trace:FILE, none",
+        "pareto:p50=..,p99=.., const:50ms, trace:FILE, profile:FILE (docs/profile.md), none",
     ),
     Option(
         "delay_fraction",
         _parse_float(0.0, 1.0, False, False),
         None,
-        "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set)",
+        "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set; 1 for profile:FILE)",
     ),
     Option("delay_ranks", _parse_ranks, "all", "ranks that are delayed: all, or a list such as 0 or 0,3"),
     Option("delay_ops", _parse_ops, "all", "collectives that are delayed: all, or a list such as allreduce,broadcast"),
@@ -646,7 +646,11 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
             origins[opt.name] = "the default"
             values[opt.name] = opt.parse(opt.default) if opt.default is not None else None
     if values["delay_fraction"] is None:
-        values["delay_fraction"] = 0.3 if values["delay"] != "none" else 0.0
+        # A profile is the distribution of every call (docs/profile.md): by default every call draws from it.
+        delay = values["delay"]
+        values["delay_fraction"] = (
+            0.0 if delay == "none" else 1.0 if delay.lower().lstrip().startswith("profile:") else 0.3
+        )
     burst = _BY_NAME["delay_burst"]
     _check_delay_burst(values, origins, merged.given.get(burst.name, env.get(burst.env)))
     return EffectiveConfig(values=values, sources=sources, origins=origins)
