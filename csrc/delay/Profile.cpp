@@ -330,9 +330,9 @@ const Json& need(const Json& obj, const std::string& path, const std::string& ke
 // A whole number in [lo, hi].
 uint64_t whole(const Json& v, const std::string& field, double lo, double hi, const char* expected) {
   if (v.type != Json::Type::kNumber || v.number != std::floor(v.number) || v.number < lo || v.number > hi) {
-    invalid(field, (v.type == Json::Type::kNumber ? "is " + std::to_string(v.number) : std::string("is ") +
-                                                                                           typeName(v.type)) +
-                       " (expected " + expected + ")");
+    invalid(field,
+            (v.type == Json::Type::kNumber ? "is " + std::to_string(v.number) : std::string("is ") + typeName(v.type)) +
+                " (expected " + expected + ")");
   }
   return static_cast<uint64_t>(v.number);
 }
@@ -348,8 +348,8 @@ constexpr double kMaxCount = 9007199254740992.0;  // 2^53: counts stay exact in 
 
 DelayProfile::Dist readDist(const Json& e, const std::string& path) {
   DelayProfile::Dist d;
-  d.count = whole(need(e, path, "count", Json::Type::kNumber, "a whole number >= 1"), path + ".count", 1,
-                  kMaxCount, "a whole number >= 1");
+  d.count = whole(need(e, path, "count", Json::Type::kNumber, "a whole number >= 1"), path + ".count", 1, kMaxCount,
+                  "a whole number >= 1");
   if (const Json* z = e.get("zeros"))
     d.zeros = whole(*z, path + ".zeros", 0, kMaxCount, "a whole number >= 0");
   d.minNs = nonNegative(e, path, "min_ns");
@@ -364,8 +364,8 @@ DelayProfile::Dist readDist(const Json& e, const std::string& path) {
     const Json& pair = buckets.array[k];
     if (pair.type != Json::Type::kArray || pair.array.size() != 2)
       invalid(f, "is not an [index, count] pair");
-    const int idx = static_cast<int>(whole(pair.array[0], f + "[0]", 0, LogHistogram::kBuckets - 1,
-                                           "a bucket index from 0 to 1699"));
+    const int idx = static_cast<int>(
+        whole(pair.array[0], f + "[0]", 0, LogHistogram::kBuckets - 1, "a bucket index from 0 to 1699"));
     if (idx <= prev)
       invalid(f + "[0]", "is not larger than the index before it (expected increasing bucket indices)");
     prev = idx;
@@ -375,8 +375,8 @@ DelayProfile::Dist readDist(const Json& e, const std::string& path) {
     d.cumEnd.push_back(total);
   }
   if (total != d.count) {
-    invalid(path + ".count", "is " + std::to_string(d.count) + " but zeros and buckets hold " +
-                                 std::to_string(total) + " (expected their sum)");
+    invalid(path + ".count", "is " + std::to_string(d.count) + " but zeros and buckets hold " + std::to_string(total) +
+                                 " (expected their sum)");
   }
   return d;
 }
@@ -410,9 +410,9 @@ double DelayProfile::Dist::quantileNs(double u) const {
   const double target = std::clamp(u, 0.0, 1.0) * static_cast<double>(count);
   if (target < static_cast<double>(zeros) || buckets.empty())
     return 0.0;
-  const size_t k = std::min<size_t>(
-      std::upper_bound(cumEnd.begin(), cumEnd.end(), static_cast<uint64_t>(target)) - cumEnd.begin(),
-      cumEnd.size() - 1);
+  const size_t k =
+      std::min<size_t>(std::upper_bound(cumEnd.begin(), cumEnd.end(), static_cast<uint64_t>(target)) - cumEnd.begin(),
+                       cumEnd.size() - 1);
   const double start = static_cast<double>(k == 0 ? zeros : cumEnd[k - 1]);
   const double n = static_cast<double>(cumEnd[k]) - start;
   const double frac = std::clamp((target - start) / n, 0.0, 1.0);
@@ -429,8 +429,7 @@ double DelayProfile::Dist::meanNs() const {
   double s = 0.0;
   uint64_t before = zeros;
   for (size_t k = 0; k < buckets.size(); ++k) {
-    s += static_cast<double>(cumEnd[k] - before) *
-         std::clamp(LogHistogram::bucketValue(buckets[k]), minNs, maxNs);
+    s += static_cast<double>(cumEnd[k] - before) * std::clamp(LogHistogram::bucketValue(buckets[k]), minNs, maxNs);
     before = cumEnd[k];
   }
   return s / static_cast<double>(count);
@@ -536,8 +535,9 @@ std::shared_ptr<const DelayProfile> DelayProfile::load(const std::string& path) 
   try {
     doc = JsonReader(text).document();
   } catch (const std::runtime_error& e) {
-    throw std::invalid_argument(name + " is not JSON: " + e.what() + " (expected a profile written by "
-                                       "python -m delaycomm profile; docs/profile.md)");
+    throw std::invalid_argument(name + " is not JSON: " + e.what() +
+                                " (expected a profile written by "
+                                "python -m delaycomm profile; docs/profile.md)");
   }
   auto p = std::make_shared<DelayProfile>();
   try {
@@ -546,11 +546,11 @@ std::shared_ptr<const DelayProfile> DelayProfile::load(const std::string& path) 
     const Json& format = need(doc, "", "format", Json::Type::kString, "\"delaycomm-profile\"");
     if (format.string != "delaycomm-profile")
       invalid("format", "is " + quoted(format.string) + " (expected \"delaycomm-profile\")");
-    const uint64_t version = whole(need(doc, "", "version", Json::Type::kNumber, "1"), "version", 0, 1e9,
-                                   "a whole number");
+    const uint64_t version =
+        whole(need(doc, "", "version", Json::Type::kNumber, "1"), "version", 0, 1e9, "a whole number");
     if (version != kVersion) {
-      invalid("version", "is " + std::to_string(version) + " (this delaycomm reads version " +
-                             std::to_string(kVersion) + ")");
+      invalid("version",
+              "is " + std::to_string(version) + " (this delaycomm reads version " + std::to_string(kVersion) + ")");
     }
     const Json& hist = need(doc, "", "histogram", Json::Type::kObject, "an object with base and unit");
     const Json& base = need(hist, "histogram", "base", Json::Type::kNumber, "1.02");
@@ -589,8 +589,8 @@ std::shared_ptr<const DelayProfile> DelayProfile::load(const std::string& path) 
         const Json& e = entries->array[k];
         if (e.type != Json::Type::kObject)
           invalid(f, std::string("is ") + typeName(e.type) + " (expected an object)");
-        const uint64_t bytes = whole(need(e, f, "bytes", Json::Type::kNumber, "0 or a power of two"),
-                                     f + ".bytes", 0, 4.611686018427388e18, "0 or a power of two");
+        const uint64_t bytes = whole(need(e, f, "bytes", Json::Type::kNumber, "0 or a power of two"), f + ".bytes", 0,
+                                     4.611686018427388e18, "0 or a power of two");
         if (bytes != 0 && (bytes & (bytes - 1)) != 0)
           invalid(f + ".bytes", "is " + std::to_string(bytes) + " (expected 0 or a power of two: a size class)");
         const int cls = sizeClassOf(static_cast<int64_t>(bytes));
@@ -600,8 +600,7 @@ std::shared_ptr<const DelayProfile> DelayProfile::load(const std::string& path) 
         }
         od.classes.emplace_back(cls, readDist(e, f));
       }
-      std::sort(od.classes.begin(), od.classes.end(),
-                [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::sort(od.classes.begin(), od.classes.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
       od.finish();
       p->present_[static_cast<size_t>(kind)] = true;
       h = fnv(h, static_cast<uint64_t>(kind));

@@ -34,8 +34,8 @@ class DelayProfile {
     uint64_t zeros = 0;
     double minNs = 0.0;
     double maxNs = 0.0;
-    std::vector<int> buckets;       // bucket indices, increasing
-    std::vector<uint64_t> cumEnd;   // zeros + counts up to and including buckets[i]
+    std::vector<int> buckets;      // bucket indices, increasing
+    std::vector<uint64_t> cumEnd;  // zeros + counts up to and including buckets[i]
     double quantileNs(double u) const;
     double meanNs() const;
     void add(const Dist& other);  // pools other into this (merged histograms)
