@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
 import platform
 import socket
@@ -23,19 +25,25 @@ def group_stats(backend, group_name: str) -> dict[str, Any]:
     data["world_size"] = backend.size()
     data["host"] = socket.gethostname()
     data["pid"] = os.getpid()
-    data.update(_metadata(backend))
+    data.update(copy.deepcopy(_metadata(backend)))
     return data
 
 
 def _metadata(backend) -> dict[str, Any]:
     """What a profile records of the job besides its latencies (docs/profile.md): the inner backends, versions and
     the machine."""
+    return _static_metadata(backend.inner("cpu") is not None, backend.inner("cuda") is not None)
+
+
+@functools.lru_cache(maxsize=4)
+def _static_metadata(gloo: bool, nccl: bool) -> dict[str, Any]:
+    """Computed once per process (stats() may be called every step; the CPU model is read from a file)."""
     import torch
 
     import delaycomm
 
     return {
-        "backends": [name for device, name in (("cpu", "gloo"), ("cuda", "nccl")) if backend.inner(device) is not None],
+        "backends": [name for name, present in (("gloo", gloo), ("nccl", nccl)) if present],
         "versions": {
             "delaycomm": delaycomm.__version__,
             "torch": torch.__version__,
@@ -43,10 +51,8 @@ def _metadata(backend) -> dict[str, Any]:
             "cuda": torch.version.cuda,
         },
         "machine": {
-            **machine_info(),
-            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            if backend.inner("cuda") is not None
-            else [],
+            **{k: v for k, v in machine_info().items() if k != "loadavg"},  # the load would be stale
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if nccl else [],
         },
     }
 

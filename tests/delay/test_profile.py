@@ -148,6 +148,41 @@ def test_profile_is_compared_by_content_and_draws_every_call_by_default(tmp_path
     assert delaycomm.resolve(delaycomm.DelayConfig(delay="const:1ms")).delay_fraction == 0.3
 
 
+@pytest.mark.timeout(60)
+def test_every_call_lands_in_its_size_class_whatever_the_op_and_reset_clears_them():
+    import torch
+    import torch.distributed as dist
+
+    import delaycomm
+    from tests.harness import run_threads
+
+    def body(ctx):
+        g = ctx.group()
+        for n in (1020, 1024, 2044, 8):  # bytes: 255, 256 and 511 floats, 2 floats
+            dist.all_reduce(torch.ones(n // 4), group=g)
+        dist.barrier(group=g)  # 0 bytes
+        buf = torch.zeros(16)  # 64 B: send/recv works have no future, they are timed when wait() returns
+        if ctx.rank == 0:
+            dist.send(buf, group_dst=1, group=g)
+        else:
+            dist.recv(buf, group_src=0, group=g)
+        before = delaycomm.stats(g)["ops"]
+        delaycomm.reset_stats(g)
+        dist.all_reduce(torch.ones(2), group=g)
+        return before, delaycomm.stats(g)["ops"]
+
+    for rank, (before, after) in enumerate(run_threads(body, 2, timeout=50)):
+        classes = {op: [(c["bytes"], c["calls"]) for c in d["by_size"]] for op, d in before.items()}
+        p2p = "send" if rank == 0 else "recv"
+        assert classes == {"allreduce": [(8, 1), (512, 1), (1024, 2)], "barrier": [(0, 1)], p2p: [(64, 1)]}
+        h = before["allreduce"]["by_size"][2]["histogram"]
+        assert (h["base"], h["unit"], h["count"]) == (1.02, "ns", 2) and h["min_ns"] > 0
+        assert sum(n for _, n in h["buckets"]) + h["zeros"] == 2
+        assert {op: [(c["bytes"], c["calls"]) for c in d["by_size"]] for op, d in after.items()} == {
+            "allreduce": [(8, 1)]
+        }
+
+
 SIZES = (1024, 65536)
 
 
