@@ -19,6 +19,7 @@
 #include "delay/DelaySpec.hpp"
 #include "delay/Fit.hpp"
 #include "delay/IssuerThread.hpp"
+#include "delay/Profile.hpp"
 #include "delay/Sampler.hpp"
 #include "delay/Schedule.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
@@ -143,6 +144,45 @@ py::dict summarize(const LogHistogram& h, double scale, const char* unit) {
   return d;
 }
 
+// The latency callers experienced per size class (docs/profile.md, "What is recorded"): for each class that
+// recorded a call, its smallest size, a summary and the whole histogram (sparse [index, count] pairs of the log
+// buckets, what a profile is built from).
+py::list bySize(const SizeHistograms& classes) {
+  py::list out;
+  for (int c = 0; c < kSizeClasses; ++c) {
+    const LogHistogram* h = classes.find(c);
+    if (h == nullptr) {
+      continue;
+    }
+    const auto s = h->snapshot();
+    if (s.count == 0) {
+      continue;
+    }
+    py::list buckets;
+    for (int i = 0; i < LogHistogram::kBuckets; ++i) {
+      if (s.buckets[static_cast<size_t>(i)] != 0) {
+        buckets.append(py::make_tuple(i, s.buckets[static_cast<size_t>(i)]));
+      }
+    }
+    py::dict hist;
+    hist["base"] = LogHistogram::kBase;
+    hist["unit"] = "ns";
+    hist["count"] = s.count;
+    hist["zeros"] = s.zeros;
+    hist["sum_ns"] = s.sum;
+    hist["min_ns"] = s.min;
+    hist["max_ns"] = s.max;
+    hist["buckets"] = buckets;
+    py::dict d;
+    d["bytes"] = sizeClassBytes(c);
+    d["calls"] = s.count;
+    d["latency"] = summarize(*h, 1e-3, "_us");
+    d["histogram"] = hist;
+    out.append(d);
+  }
+  return out;
+}
+
 // The one place where a group's telemetry becomes the dict of delaycomm.stats() (README "Telemetry"):
 // per-op counters and summaries, the staleness counters with the engine's own keys (docs/staleness.md; zeros
 // and "off" when the engine is off), the slowdown.
@@ -162,6 +202,12 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
     d["untimed"] = s.untimed.load();
     d["latency"] = summarize(s.latencyNs, 1e-3, "_us");
     d["delay"] = summarize(s.delayNs, 1e-3, "_us");
+    d["by_size"] = bySize(s.callNsBySize);
+    py::dict match;  // delay_mode=match (docs/delay.md, "Match mode"); zeros under delay_mode=add
+    match["calls"] = s.matchCalls.load();
+    match["nothing_added"] = s.matchNothingAdded.load();
+    match["uncalibrated"] = s.matchUncalibrated.load();
+    d["match"] = match;
     ops[row.name] = d;
   }
   const auto& st = g.staleness();
@@ -225,6 +271,12 @@ py::dict describeSampler(const DelaySampler& s) {
     given[py::float_(p.q)] = p.seconds;
   }
   d["requested_percentiles_s"] = given;
+  if (spec.family == DelaySpec::Family::kProfile) {
+    d["profile_path"] = spec.profilePath;
+    char digest[24];  // the file's content, for the ranks' agreement on the configuration
+    std::snprintf(digest, sizeof(digest), "%016llx", static_cast<unsigned long long>(spec.profile->digest()));
+    d["profile_digest"] = std::string(digest);
+  }
   if (spec.family == DelaySpec::Family::kTrace) {
     d["trace_path"] = spec.tracePath;
     char digest[24];  // the file's content, for the ranks' agreement on the configuration
@@ -343,9 +395,18 @@ void bindDelay(py::module_& m) {
           py::arg("n"), py::arg("stream") = 0, py::arg("start") = 0)
       .def(
           "quantile",
-          [](const DelaySampler& s, py::object q) {
+          [](const DelaySampler& s, py::object q, std::optional<std::string> op, int64_t nbytes) {
+            CallSize at;  // a profile's (op, size class); other families ignore it
+            if (op) {
+              OpKind kind{};
+              if (!opFromName(*op, &kind)) {
+                throw std::invalid_argument("delaycomm: DelaySampler.quantile: unknown op " + delaycomm::quoted(*op));
+              }
+              at.op = static_cast<int>(kind);
+            }
+            at.bytes = nbytes;
             return mapDoubles(
-                q, [&s](double v) { return s.quantile(v); },
+                q, [&s, at](double v) { return s.quantile(v, at); },
                 [](double v) {
                   if (!(v >= 0.0 && v <= 1.0)) {
                     throw std::invalid_argument("delaycomm: DelaySampler.quantile: q must be in [0, 1], got " +
@@ -353,7 +414,7 @@ void bindDelay(py::module_& m) {
                   }
                 });
           },
-          py::arg("q"))
+          py::arg("q"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
       .def(
           "cdf",
           [](const DelaySampler& s, py::object x) {
@@ -374,13 +435,30 @@ void bindDelay(py::module_& m) {
 
   py::class_<DelaySchedule>(m, "DelaySchedule",
                             "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
-      .def(py::init([](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks) {
-             return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
-                                  std::move(ranks));
-           }),
-           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{})
+      .def(py::init(
+               [](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst) {
+                 return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
+                                      std::move(ranks), burst);
+               }),
+           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
+           py::arg("burst") = 0.0)
       .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
-      .def("delay_ns", &DelaySchedule::delayNs, py::arg("rank"), py::arg("stream"), py::arg("seq"))
+      .def(
+          "delay_ns",
+          [](const DelaySchedule& s, int64_t rank, uint64_t stream, uint64_t seq, std::optional<std::string> op,
+             int64_t nbytes) {
+            CallSize at;  // a profile's (op, size class); other families ignore it
+            if (op) {
+              OpKind kind{};
+              if (!opFromName(*op, &kind)) {
+                throw std::invalid_argument("delaycomm: DelaySchedule.delay_ns: unknown op " + delaycomm::quoted(*op));
+              }
+              at.op = static_cast<int>(kind);
+            }
+            at.bytes = nbytes;
+            return s.delayNs(rank, stream, seq, at);
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("seq"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
       .def(
           "delays_ns",
           [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
@@ -398,6 +476,35 @@ void bindDelay(py::module_& m) {
             return out;
           },
           py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def(
+          "delayed_many",
+          [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
+            const uint64_t count = checkedUnsigned(n, "DelaySchedule.delayed_many", "n");
+            const uint64_t st = checkedUnsigned(stream, "DelaySchedule.delayed_many", "stream");
+            const uint64_t first = checkedUnsigned(start, "DelaySchedule.delayed_many", "start");
+            py::array_t<bool> out(static_cast<py::ssize_t>(count));
+            bool* dst = out.mutable_data();
+            {
+              py::gil_scoped_release release;
+              for (uint64_t i = 0; i < count; ++i) {
+                dst[i] = s.delayed(rank, st, first + i);
+              }
+            }
+            return out;
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def(
+          "latest",
+          [](const DelaySchedule& s, int64_t stream, int64_t seq, int64_t size, int64_t onlyRank) {
+            const auto l = s.latest(checkedUnsigned(stream, "DelaySchedule.latest", "stream"),
+                                    checkedUnsigned(seq, "DelaySchedule.latest", "seq"), size, onlyRank);
+            return py::make_tuple(l.rank, l.ns, l.quantile);
+          },
+          py::arg("stream"), py::arg("seq"), py::arg("size"), py::arg("only_rank") = -1,
+          "delay_mode=match's view of a call: (latest rank or -1, its delay in ns, its quantile).")
+      .def_static("min_burst", &DelaySchedule::minBurst, py::arg("fraction"),
+                  "The shortest mean burst length at `fraction`: 1 / (1 - fraction) calls.")
+      .def_property_readonly("burst", &DelaySchedule::burst)
       .def_property_readonly("fraction", &DelaySchedule::fraction)
       .def_property_readonly("ranks", &DelaySchedule::ranks)
       .def_property_readonly("active", &DelaySchedule::active)
@@ -489,6 +596,9 @@ PYBIND11_MODULE(_C, m) {
   py::enum_<DelayWhere>(m, "DelayWhere", "delay_where=: where a delay is paid.")
       .value("NETWORK", DelayWhere::kNetwork)
       .value("HOST", DelayWhere::kHost);
+  py::enum_<DelayMode>(m, "DelayMode", "delay_mode=: add the delay, or match the target latency.")
+      .value("ADD", DelayMode::kAdd)
+      .value("MATCH", DelayMode::kMatch);
 
   py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())
@@ -500,6 +610,8 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("delay_ranks", &BackendOptions::delayRanks)
       .def_readwrite("delay_ops", &BackendOptions::delayOps)
       .def_readwrite("delay_where", &BackendOptions::delayWhere)
+      .def_readwrite("delay_mode", &BackendOptions::delayMode)
+      .def_readwrite("delay_burst", &BackendOptions::delayBurst)
       .def_readwrite("seed", &BackendOptions::seed)
       .def_readwrite("slowdown", &BackendOptions::slowdown)
       .def_readwrite("staleness", &BackendOptions::staleness)
@@ -579,14 +691,15 @@ PYBIND11_MODULE(_C, m) {
           py::arg("device"), "The inner backend that serves `device` ('cpu' or 'cuda'), or None.")
       .def(
           "delay_ns_for",
-          [](DelayBackend& self, const std::string& op, uint64_t seq) {
+          [](DelayBackend& self, const std::string& op, uint64_t seq, int64_t nbytes) {
             OpKind kind;
             if (!opFromName(op, &kind)) {
               throw std::invalid_argument("delaycomm: delay_ns_for: unknown op '" + op + "'");
             }
-            return self.delayNsFor(kind, seq);
+            return self.delayNsFor(kind, seq, nbytes);
           },
-          py::arg("op"), py::arg("seq"), "The injected delay of op `seq` (a group sequence number) on this rank.")
+          py::arg("op"), py::arg("seq"), py::arg("nbytes") = -1,
+          "The injected delay of op `seq` (a group sequence number; of `nbytes`, for a profile) on this rank.")
       .def("pending_delayed_ops", &DelayBackend::pendingDelayedOps);
 
   bindDelay(m);

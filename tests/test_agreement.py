@@ -46,6 +46,18 @@ MISMATCH = {
         "  delay_where: 'network' on rank 0 (from the keyword delay_where= of "
         "DelayConfig); 'host' on rank 1 (from the keyword delay_where= of DelayConfig)",
     ),
+    "delay_mode": (
+        "add",
+        "match",
+        "  delay_mode: 'add' on rank 0 (from the keyword delay_mode= of DelayConfig); 'match' on rank 1 (from the "
+        "keyword delay_mode= of DelayConfig)",
+    ),
+    "delay_burst": (
+        "none",
+        "10",
+        "  delay_burst: 'none' on rank 0 (from the keyword delay_burst= of DelayConfig); '10' on rank 1 (from the "
+        "keyword delay_burst= of DelayConfig)",
+    ),
     "slowdown": (
         "0:2x",
         "none",

@@ -114,8 +114,8 @@ _STATS = (
 )
 _SPECS = (
     "expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms"
-    "[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each "
-    "is 0 or from 1ns to 86400s)"
+    "[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE, profile:FILE (durations need a unit: ns, us, ms, "
+    "s; each is 0 or from 1ns to 86400s)"
 )
 _NCCL = (
     "expected 'auto' (leave NCCL's tuner alone) or an NCCL_ALGO value such as 'allreduce:tree', 'ring', "
@@ -317,6 +317,7 @@ _NUMBER_TEXT = st.one_of(
 # option -> how a number is written into its value
 NUMERIC = [
     ("delay_fraction", "{}"),
+    ("delay_burst", "{}"),
     ("ema_alpha", "{}"),
     ("step_ms", "{}"),
     ("seed", "{}"),
@@ -347,6 +348,7 @@ def _fits(cfg) -> None:
 
     v = cfg.values
     assert 0.0 <= v["delay_fraction"] <= 1.0 and 0.0 < v["ema_alpha"] <= 1.0
+    assert v["delay_burst"] is None or 1.0 <= v["delay_burst"] <= 1e12
     assert v["step_ms"] is None or 1e-3 <= v["step_ms"] <= 86_400_000  # 1 us .. 24 h
     assert 0 <= v["seed"] < 2**63 and 1 <= v["max_pending"] <= 1 << 20
     assert 1 <= v["nccl_buffsize"] <= 1 << 30  # NCCL keeps it in a C int

@@ -44,6 +44,9 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
   delay.ranks = options_.delayRanks;
   delay.ops = options_.delayOps;
   delay.where = options_.delayWhere;
+  delay.mode = options_.delayMode;
+  delay.burst = options_.delayBurst;
+  delay.size = size;
   delay.seed = options_.seed;
   delay.slowdown = options_.slowdown;
   delay.timeout = options_.timeout;
@@ -455,6 +458,7 @@ void DelayBackend::monitoredBarrier(const c10d::BarrierOptions& opts, bool waitA
   stats_->op(OpKind::kBarrier)
       .latencyNs.record(
           static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count()));
+  stats_->recordCall(OpKind::kBarrier, CallTiming{0, t0});
 }
 
 // ---------------------------------------------------------------------------------------------------------------

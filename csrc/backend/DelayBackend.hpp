@@ -40,6 +40,8 @@ struct BackendOptions {
   std::vector<int64_t> delayRanks;               // delayed ranks; empty = all
   std::vector<OpKind> delayOps;                  // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
   DelayWhere delayWhere = DelayWhere::kNetwork;  // host: the caller blocks; network: the op is held back
+  DelayMode delayMode = DelayMode::kAdd;         // match: only what the call needs on top (docs/delay.md)
+  double delayBurst = 0.0;                       // mean burst length in calls; 0 = independent draws
   uint64_t seed = 0;
   double slowdown = 1.0;  // this rank's compute slowdown factor K (>= 1; 1 = none)
 
@@ -176,7 +178,7 @@ class DelayBackend : public c10d::Backend {
   // The delay schedule of this group; null when no delay is configured.
   const DelaySchedule* schedule() const { return injector_->schedule(); }
   // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
-  int64_t delayNsFor(OpKind op, uint64_t seq) const;
+  int64_t delayNsFor(OpKind op, uint64_t seq, int64_t bytes = -1) const;
   // CPU ops queued in (or being issued by) the issuer thread.
   size_t pendingDelayedOps() const { return injector_->pending(); }
   void resetStats();
@@ -214,7 +216,8 @@ class DelayBackend : public c10d::Backend {
   // The caller's work for a CPU op issued at once: a DirectWorkCpu, or a DelayWorkCpu when the inner work has
   // no future (Gloo's send/recv: timed in wait()).
   c10::intrusive_ptr<c10d::Work> wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op, uint64_t seq,
-                                               Clock::time_point calledAt, const std::vector<at::Tensor>& outputs);
+                                               Clock::time_point calledAt, const std::vector<at::Tensor>& outputs,
+                                               const CallTiming& call);
   // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
   c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
                                           const c10d::AllreduceOptions& opts);

@@ -11,8 +11,8 @@
 
 namespace delaycomm {
 
-int64_t DelayBackend::delayNsFor(OpKind op, uint64_t seq) const {
-  return injector_->delayNsFor(op, seq);
+int64_t DelayBackend::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
+  return injector_->delayNsFor(op, seq, bytes);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKind op, c10::Device device,
@@ -55,12 +55,13 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runDirect(OpKind op, c10::Device de
   if (!innerWork) {
     return innerWork;
   }
-  return wrapIssuedCpu(std::move(innerWork), op, seq, calledAt, outputs);
+  return wrapIssuedCpu(std::move(innerWork), op, seq, calledAt, outputs, CallTiming{sizeClassOf(bytes), calledAt});
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op,
                                                            uint64_t seq, Clock::time_point calledAt,
-                                                           const std::vector<at::Tensor>& outputs) {
+                                                           const std::vector<at::Tensor>& outputs,
+                                                           const CallTiming& call) {
   c10::intrusive_ptr<c10::ivalue::Future> innerFuture;
   try {
     innerFuture = innerWork->getFuture();
@@ -68,12 +69,12 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c1
     // Gloo's send/recv works have no future: DelayWorkCpu times them in wait().
   }
   if (innerFuture) {
-    auto work =
-        c10::make_intrusive<DirectWorkCpu>(std::move(innerWork), std::move(innerFuture), op, seq, stats_, calledAt);
+    auto work = c10::make_intrusive<DirectWorkCpu>(std::move(innerWork), std::move(innerFuture), op, seq, stats_,
+                                                   calledAt, call);
     work->watch();
     return work;
   }
-  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, injector_->timeout(), 0);
+  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, injector_->timeout(), 0, call);
   work->attach(std::move(innerWork));
   return work;
 }
@@ -104,13 +105,14 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
   if (injector_->engaged()) {
     const std::function<void()> hook = afterWaits;
     c10d::Backend* innerPtr = &inner;
-    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook},
+    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook, bytes},
                             [this, innerPtr, op, device, issue = std::move(issue)](bool onCaller) mutable {
                               return issueOn(*innerPtr, op, device, issue, onCaller);
                             });
   } else {
     afterWaits();
     issued.calledAt = Clock::now();
+    issued.enteredAt = issued.calledAt;
     issued.work = issueOn(inner, op, device, issue, true);
   }
 
@@ -120,14 +122,16 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
     if (!issued.work) {  // an inner backend inside its own coalescing window may return no work
       return issued.work;
     }
-    work = c10::make_intrusive<DelayWorkCuda>(std::move(issued.work), op, seq, stats_, std::move(cudaStart), device);
+    work = c10::make_intrusive<DelayWorkCuda>(std::move(issued.work), op, seq, stats_, std::move(cudaStart), device,
+                                              sizeClassOf(bytes));
   } else if (issued.heldBack) {
     work = std::move(issued.work);
   } else {
     if (!issued.work) {
       return issued.work;
     }
-    work = wrapIssuedCpu(std::move(issued.work), op, seq, issued.calledAt, outputs);
+    work = wrapIssuedCpu(std::move(issued.work), op, seq, issued.calledAt, outputs,
+                         CallTiming{sizeClassOf(bytes), issued.enteredAt, issued.observe});
   }
   if (coalescing_ && !inner.supportsCoalescing()) {
     coalescedWorks_.push_back(work);

@@ -61,7 +61,8 @@ void completeOffThisThread(std::function<void()> complete) {
 // DelayWorkCpu
 
 DelayWorkCpu::DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
-                           std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout, int64_t delayNs)
+                           std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout, int64_t delayNs,
+                           std::optional<CallTiming> call)
     : c10d::Work(-1, opTypeOf(op)),
       op_(op),
       seq_(seq),
@@ -70,6 +71,7 @@ DelayWorkCpu::DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> 
       outputs_(std::move(outputs)),
       groupTimeout_(groupTimeout),
       delayNs_(delayNs),
+      call_(call),
       future_(c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {}
 
 DelayWorkCpu::~DelayWorkCpu() = default;
@@ -179,6 +181,9 @@ void DelayWorkCpu::recordCompletion(bool ok) {
   }
   auto& s = stats_->op(op_);
   s.latencyNs.record(nsSince(issuedAt_));
+  if (ok && call_) {
+    stats_->recordCall(op_, *call_);
+  }
   if (!ok) {
     s.errors.fetch_add(1, std::memory_order_relaxed);
   }
@@ -273,6 +278,8 @@ bool DelayWorkCpu::wait(std::chrono::milliseconds timeout) {
     if (ok) {
       settleFuture(c10::IValue(outputs_), nullptr);
     }
+  } else if (ok) {
+    recordCompletion(true);  // the caller saw it complete before the future's callbacks ran
   }
   return ok;
 }
@@ -299,14 +306,16 @@ float DelayWorkCpu::getDuration() const {
 // DirectWorkCpu
 
 DirectWorkCpu::DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture,
-                             OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt)
+                             OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
+                             std::optional<CallTiming> call)
     : c10d::Work(-1, opTypeOf(op)),
       inner_(std::move(inner)),
       future_(std::move(innerFuture)),
       op_(op),
       seq_(seq),
       stats_(std::move(stats)),
-      issuedAt_(issuedAt) {}
+      issuedAt_(issuedAt),
+      call_(call) {}
 
 void DirectWorkCpu::watch() {
   // NOTE: the callback owns a reference to this work; the cycle (inner future -> callback -> this -> future) is
@@ -323,32 +332,42 @@ void DirectWorkCpu::recordCompletion(bool ok) {
   }
   auto& s = stats_->op(op_);
   s.latencyNs.record(nsSince(issuedAt_));
+  if (ok && call_) {
+    stats_->recordCall(op_, *call_);
+  }
   if (!ok) {
     s.errors.fetch_add(1, std::memory_order_relaxed);
   }
 }
 
 bool DirectWorkCpu::wait(std::chrono::milliseconds timeout) {
+  bool ok = false;
   try {
-    return inner_->wait(timeout);
+    ok = inner_->wait(timeout);
   } catch (...) {
     recordCompletion(false);
     throw;
   }
+  if (ok) {
+    recordCompletion(true);  // the caller saw it complete before the future's callback ran
+  }
+  return ok;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // DelayWorkCuda
 
 DelayWorkCuda::DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq,
-                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device)
+                             std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device,
+                             int sizeClass)
     : c10d::Work(-1, opTypeOf(op)),
       inner_(std::move(inner)),
       op_(op),
       seq_(seq),
       stats_(std::move(stats)),
       start_(std::move(start)),
-      device_(device) {}
+      device_(device),
+      sizeClass_(sizeClass) {}
 
 DelayWorkCuda::~DelayWorkCuda() {
   if (!timed_) {
@@ -366,7 +385,7 @@ void DelayWorkCuda::recordEnd() {
   c10::Event end(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   end.record(impl.getStream(device_));
-  stats_->cudaTimings().push(op_, std::move(*start_), std::move(end));
+  stats_->cudaTimings().push(op_, std::move(*start_), std::move(end), sizeClass_);
   start_.reset();
 }
 

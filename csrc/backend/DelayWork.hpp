@@ -46,7 +46,7 @@ class DelayWorkCpu : public c10d::Work {
  public:
   DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
                std::vector<at::Tensor> outputs, std::chrono::milliseconds groupTimeout = kNoTimeout,
-               int64_t delayNs = 0);
+               int64_t delayNs = 0, std::optional<CallTiming> call = std::nullopt);
   ~DelayWorkCpu() override;
 
   // Hand over the inner work (once). Completion of the inner future completes this work's future.
@@ -88,6 +88,7 @@ class DelayWorkCpu : public c10d::Work {
   const std::vector<at::Tensor> outputs_;  // keeps the caller's outputs alive until completion
   const std::chrono::milliseconds groupTimeout_;
   const int64_t delayNs_;
+  const std::optional<CallTiming> call_;  // the caller's latency (docs/profile.md, "What is recorded")
 
   mutable std::mutex mutex_;
   std::condition_variable attachedCv_;
@@ -110,7 +111,8 @@ class DelayWorkCpu : public c10d::Work {
 class DirectWorkCpu : public c10d::Work {
  public:
   DirectWorkCpu(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> innerFuture, OpKind op,
-                uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt);
+                uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
+                std::optional<CallTiming> call = std::nullopt);
 
   // Times the op when the inner future completes (the callback owns a reference to this work until then).
   void watch();
@@ -136,6 +138,7 @@ class DirectWorkCpu : public c10d::Work {
   const uint64_t seq_;
   const std::shared_ptr<GroupStats> stats_;
   const Clock::time_point issuedAt_;
+  const std::optional<CallTiming> call_;  // the caller's latency (docs/profile.md, "What is recorded")
   std::atomic<bool> recorded_{false};
 };
 
@@ -149,7 +152,7 @@ class DirectWorkCpu : public c10d::Work {
 class DelayWorkCuda : public c10d::Work {
  public:
   DelayWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats,
-                std::optional<c10::Event> start, c10::Device device);
+                std::optional<c10::Event> start, c10::Device device, int sizeClass = 0);
   ~DelayWorkCuda() override;
 
   bool isCompleted() override { return inner_->isCompleted(); }
@@ -173,6 +176,7 @@ class DelayWorkCuda : public c10d::Work {
   const std::shared_ptr<GroupStats> stats_;
   std::optional<c10::Event> start_;
   const c10::Device device_;
+  const int sizeClass_;
   std::mutex mutex_;
   bool timed_ = false;
 };

@@ -37,7 +37,8 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
   }
   if (!spec.isNone() && options_.fraction > 0.0) {
     try {
-      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.fraction, options_.seed, options_.ranks);
+      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.fraction, options_.seed, options_.ranks,
+                                                  options_.burst);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
@@ -49,6 +50,10 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     for (const OpKind kind : options_.ops) {
       TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
       delayOp_[static_cast<int>(kind)] = true;
+    }
+    if (options_.mode == DelayMode::kMatch) {
+      local_ = std::make_shared<LocalLatency>();
+      stats_->setOwnLatencySink(local_);  // the works record what their callers experience into it
     }
     if (issuesCpuOps && options_.where == DelayWhere::kNetwork && schedule_->targets(rank)) {
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
@@ -80,11 +85,50 @@ void DelayInjector::abort() {
   }
 }
 
-int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq) const {
+int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
   if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
     return 0;
   }
-  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq);
+  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes});
+}
+
+namespace {
+
+// Point-to-point ops: their peers are not the whole group, so match mode takes the rank's own delay alone.
+bool pointToPoint(OpKind op) {
+  return op == OpKind::kSend || op == OpKind::kRecv || op == OpKind::kRecvAnysource;
+}
+
+}  // namespace
+
+int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
+  *observe = -1;
+  if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
+    return 0;
+  }
+  const CallSize at{static_cast<int>(op.kind), op.bytes};
+  const auto latest =
+      schedule_->latest(static_cast<uint64_t>(op.kind), op.seq, options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
+  if (latest.rank < 0) {
+    *observe = 0;  // no rank is late: what the caller sees is this machine's own latency
+    return 0;
+  }
+  if (latest.rank != rank_) {
+    return 0;  // another rank carries the call: this one waits for it in the op (not observed: it holds a delay)
+  }
+  const int64_t own = local_->at(op.kind, sizeClassOf(op.bytes)).quantileNs(latest.quantile);
+  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own));
+  *observe = added;  // every peer already waits in the op when this rank issues it: the rest is this machine's own
+  auto& s = stats_->op(op.kind);
+  s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+  s.delayNs.record(static_cast<double>(added));
+  s.matchCalls.fetch_add(1, std::memory_order_relaxed);
+  if (own < 0) {
+    s.matchUncalibrated.fetch_add(1, std::memory_order_relaxed);
+  } else if (own >= latest.ns) {
+    s.matchNothingAdded.fetch_add(1, std::memory_order_relaxed);
+  }
+  return added;
 }
 
 void DelayInjector::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const {
@@ -141,12 +185,24 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     applySlowdown(op.kind, op.seq, callDeadline);
   }
 
-  // The stale path consumes the schedule itself (as staleness, not as network delay).
-  const int64_t delayNs = op.applyDelay ? delayNsFor(op.kind, op.seq) : 0;
+  // The stale path consumes the schedule itself (as staleness, not as network delay), in either delay_mode.
+  const auto enteredAt = InjectorClock::now();
+  const bool match = local_ && op.applyDelay;
+  int64_t observe = -1;
+  if (match) {
+    TORCH_CHECK(!op.device.is_cuda(), "delaycomm: ", opName(op.kind),
+                ": delay_mode=match measures this machine's own latency on the host and supports CPU (Gloo) ops; for "
+                "cuda tensors use delay_mode=add");
+  }
+  const int64_t delayNs = match           ? matchDelayNs(op, &observe)
+                          : op.applyDelay ? delayNsFor(op.kind, op.seq, op.bytes)
+                                          : 0;
   if (delayNs > 0) {
     auto& s = stats_->op(op.kind);
-    s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
-    s.delayNs.record(static_cast<double>(delayNs));
+    if (!match) {  // matchDelayNs() counted the calls it carries, zeros included
+      s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+      s.delayNs.record(static_cast<double>(delayNs));
+    }
     if (options_.where == DelayWhere::kHost) {
       const auto woke =
           hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), delayNs), callDeadline);
@@ -179,25 +235,26 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     } else {
       innerWork = issue(true);
     }
-    return {std::move(innerWork), false, calledAt};
+    return {std::move(innerWork), false, calledAt, enteredAt, observe};
   }
-  return issueCpu(op, issue, networkDelayNs, calledAt);
+  return issueCpu(op, issue, networkDelayNs, calledAt, enteredAt, observe);
 }
 
 DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs,
-                                              InjectorClock::time_point calledAt) {
+                                              InjectorClock::time_point calledAt, InjectorClock::time_point enteredAt,
+                                              int64_t observe) {
   if (!issuer_) {
-    return {issue(true), false, calledAt};
+    return {issue(true), false, calledAt, enteredAt, observe};
   }
   if (networkDelayNs == 0) {
     // Nothing held back ahead of it: issue on the caller's thread (the issuer's lock keeps the call order).
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (issuer_->runInlineIfIdle([&] { innerWork = issue(true); })) {
-      return {std::move(innerWork), false, calledAt};
+      return {std::move(innerWork), false, calledAt, enteredAt, observe};
     }
   }
-  auto work =
-      c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, timeout(), networkDelayNs);
+  auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, timeout(),
+                                                networkDelayNs, CallTiming{sizeClassOf(op.bytes), enteredAt, observe});
   const OpKind kind = op.kind;
   issuer_->submit(
       addSaturated<InjectorClock>(calledAt, networkDelayNs),
@@ -215,7 +272,7 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       [work](std::exception_ptr error) { work->fail(error); },
       // Still held back at the call time + the group's timeout: the work fails with the timeout error.
       addSaturated<InjectorClock>(calledAt, timeout()), [work] { work->expire(); });
-  return {std::move(work), true, calledAt};
+  return {std::move(work), true, calledAt, enteredAt, observe};
 }
 
 }  // namespace delaycomm

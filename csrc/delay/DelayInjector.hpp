@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
 #include "delay/IssuerThread.hpp"
+#include "delay/LocalLatency.hpp"
 #include "delay/Schedule.hpp"
 #include "stats/OpStats.hpp"
 
@@ -23,7 +24,7 @@ namespace delaycomm {
 // (backend/DelayBackend.hpp) calls it for every op when engaged() and skips it otherwise.
 //
 // What run() does with op `seq` of kind k on rank r (delay d = schedule().delayNs(r, k, seq) when delay_ops
-// selects k):
+// selects k; under delay_mode=match, d = matchDelayNs(): see there):
 //  - slowdown K: the calling thread first sleeps (K - 1) x the time since its previous op returned;
 //  - delay_where=host: the calling thread sleeps d, then issues;
 //  - network + CPU: the op goes through the issuer thread, which issues every CPU op in call order, each no earlier
@@ -37,6 +38,8 @@ namespace delaycomm {
 // Threads: run() from any thread (c10d's callers); close() and abort() from any thread, the issuer's included.
 // delay_where: where a delay is paid (README "Delay").
 enum class DelayWhere { kNetwork, kHost };
+// delay_mode: add (a call's injected delay is the schedule's) or match (docs/delay.md, "Match mode").
+enum class DelayMode { kAdd, kMatch };
 
 class DelayInjector {
  public:
@@ -47,6 +50,9 @@ class DelayInjector {
     std::vector<int64_t> ranks;  // delayed ranks; empty = all
     std::vector<OpKind> ops;     // delayed ops; empty = every delayable op
     DelayWhere where = DelayWhere::kNetwork;
+    DelayMode mode = DelayMode::kAdd;
+    double burst = 0.0;  // mean burst length in calls; 0 = independent draws (delay/Schedule.hpp)
+    int size = 1;        // the group's size (match mode computes every rank's delay of a call)
     uint64_t seed = 0;
     double slowdown = 1.0;                                        // this rank's compute slowdown K (>= 1)
     std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // the initial timeout()
@@ -65,6 +71,7 @@ class DelayInjector {
     // null): the front opens the inner coalescing window and starts the CUDA timing there, so that an op's GPU
     // time includes its network delay and not the host's.
     const std::function<void()>* afterWaits = nullptr;
+    int64_t bytes = 0;  // the call's size (profile:FILE's distribution; match mode's size class)
   };
   // Issues the op to the inner backend now and returns its work (null inside an inner coalescing window).
   // onCaller: true on the calling thread (errors count there), false on the issuer thread (the work counts them).
@@ -72,7 +79,9 @@ class DelayInjector {
   struct Issued {
     c10::intrusive_ptr<c10d::Work> work;  // held back: the caller's DelayWorkCpu; else the inner work
     bool heldBack = false;
-    std::chrono::steady_clock::time_point calledAt;  // after the waits on the calling thread (latency starts)
+    std::chrono::steady_clock::time_point calledAt;   // after the waits on the calling thread (latency starts)
+    std::chrono::steady_clock::time_point enteredAt;  // after a slowdown, before a host delay (the caller's latency)
+    int64_t observe = -1;  // delay_mode=match: the call feeds this machine's own latency, with this much injected
   };
 
   DelayInjector(int rank, Options options, bool issuesCpuOps, std::shared_ptr<GroupStats> stats);
@@ -85,8 +94,9 @@ class DelayInjector {
   // The delay schedule of the group (every rank's, for the staleness engine); null when no delay is configured.
   const DelaySchedule* schedule() const { return schedule_.get(); }
   bool delays(OpKind op) const { return delayOp_[static_cast<int>(op)]; }
-  // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
-  int64_t delayNsFor(OpKind op, uint64_t seq) const;
+  // The delay of op `seq` of kind `op` (of `bytes`; -1: unknown) on this rank in the schedule, in ns (0: not
+  // delayed). Under delay_mode=match the injected delay is matchDelayNs()'s instead.
+  int64_t delayNsFor(OpKind op, uint64_t seq, int64_t bytes = -1) const;
   // CPU ops queued in (or being issued by) the issuer thread.
   size_t pending() const { return issuer_ ? issuer_->pending() : 0; }
   // The group's timeout: bounds every wait of run() and a held-back op's expiry. setTimeout() (c10d's, from any
@@ -108,12 +118,22 @@ class DelayInjector {
  private:
   void applySlowdown(OpKind op, uint64_t seq, std::chrono::steady_clock::time_point deadline);
   void throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const;
-  Issued issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs, std::chrono::steady_clock::time_point calledAt);
+  Issued issueCpu(const Op& op, Issue& issue, int64_t networkDelayNs, std::chrono::steady_clock::time_point calledAt,
+                  std::chrono::steady_clock::time_point enteredAt, int64_t observe);
+  // delay_mode=match: the delay this rank injects into op `op` (docs/delay.md, "Match mode"). The schedule names
+  // the call's latest rank and its delay T (every rank computes the same); that rank alone injects
+  // max(0, T - L), L = its own latency at T's quantile (local_), and the others inject nothing (their call
+  // waits for it). Sets *observe (else -1) to the injected delay when no other rank holds the call back: what
+  // the caller then experiences beyond it is this machine's own latency, which feeds local_.
+  int64_t matchDelayNs(const Op& op, int64_t* observe);
 
   const int rank_;
   const Options options_;
   const std::shared_ptr<GroupStats> stats_;
   std::unique_ptr<DelaySchedule> schedule_;
+  // delay_mode=match: this machine's own latency per (op, size class); shared with the group's stats, through
+  // which the works feed it (GroupStats::recordCall). Null under delay_mode=add.
+  std::shared_ptr<LocalLatency> local_;
   std::array<bool, kNumOpKinds> delayOp_{};
   std::unique_ptr<IssuerThread> issuer_;   // CPU network delay only
   HostSleeper hostSleeper_;                // host delay and slowdown; closed by close() and abort()

@@ -1,5 +1,7 @@
 #include "delay/DelaySpec.hpp"
 
+#include "delay/Profile.hpp"
+
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -19,7 +21,8 @@ namespace delaycomm {
 
 const char* const kAcceptedDelaySpecs =
     "a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms[,p999=2s], "
-    "pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns "
+    "pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE, profile:FILE (durations need a unit: ns, us, ms, s; each is 0 or "
+    "from 1ns "
     "to 86400s)";
 
 namespace {
@@ -255,6 +258,8 @@ const char* familyName(DelaySpec::Family f) {
       return "pareto";
     case DelaySpec::Family::kTrace:
       return "trace";
+    case DelaySpec::Family::kProfile:
+      return "profile";
   }
   return "unknown";
 }
@@ -288,11 +293,9 @@ std::string errnoText(int err) {
   return std::error_code(err, std::generic_category()).message();
 }
 
-// Why the trace file at `path` is unusable ("trace file 'PATH' ..."), or "" with its latencies (unsorted) in
-// *values. The file is opened non-blocking (a FIFO without a writer would block open()) and checked with fstat
-// before anything is read; at most kMaxTraceBytes + 1 bytes are read, so a file that grows is refused too.
-std::string traceFileError(const std::string& path, std::vector<double>* values) {
-  const std::string name = "trace file " + quoted(path);
+}  // namespace
+
+std::string readSmallFile(const std::string& name, const std::string& path, std::string* out) {
   if (path.find('\0') != std::string::npos)
     return name + " has a NUL byte in its path";
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
@@ -330,6 +333,19 @@ std::string traceFileError(const std::string& path, std::vector<double>* values)
   if (got > kMaxTraceBytes)
     return name + " has more than " + limit + " (it grew while being read)";
   data.resize(got);
+  *out = std::move(data);
+  return "";
+}
+
+namespace {
+
+// Why the trace file at `path` is unusable ("trace file 'PATH' ..."), or "" with its latencies (unsorted) in
+// *values (the file is read by readSmallFile).
+std::string traceFileError(const std::string& path, std::vector<double>* values) {
+  const std::string name = "trace file " + quoted(path);
+  std::string data;
+  if (std::string why = readSmallFile(name, path, &data); !why.empty())
+    return why;
 
   size_t lineNo = 0;
   // A UTF-8 byte order mark (written by some Windows editors) is skipped, as most tools do (docs/delay.md).
@@ -400,6 +416,18 @@ DelaySpec parseDelaySpec(std::string_view rawText) {
     std::sort(values.begin(), values.end());
     spec.traceDigest = traceDigest(values);
     spec.trace = std::make_shared<const std::vector<double>>(std::move(values));
+    return spec;
+  }
+  if (family == "profile") {
+    if (args.empty())
+      badSpec(rawText, "profile needs a file path (profile:FILE)");
+    spec.family = DelaySpec::Family::kProfile;
+    spec.profilePath = std::string(args);
+    try {
+      spec.profile = DelayProfile::load(spec.profilePath);
+    } catch (const std::invalid_argument& e) {
+      throw invalidDelaySpec(rawText, e.what());
+    }
     return spec;
   }
   if (family == "const") {

@@ -10,6 +10,8 @@
 
 namespace delaycomm {
 
+class DelayProfile;
+
 // A parsed delay distribution spec (docs/delay.md). Grammar (family names are case-insensitive; durations need a
 // unit: ns, us, ms, s):
 //
@@ -19,6 +21,7 @@ namespace delaycomm {
 //   lognormal:pQ1=D1,pQ2=D2[,pQ3=D3]        through two percentiles; a third pins the tail (shifted lognormal)
 //   pareto:pQ1=D1,pQ2=D2[,pQ3=D3]           Pareto I through two percentiles; a third: generalised Pareto
 //   trace:FILE                              empirical latencies, one per line with a unit (see parseTraceFile)
+//   profile:FILE                            per op and size class, a profile's distribution (delay/Profile.hpp)
 //
 // A percentile key pQ names the quantile by its digits after the decimal point (p50 = 0.5, p99 = 0.99,
 // p999 = 0.999, p05 = 0.05) or, with a dot, in percent (p99.9 = 0.999, p37.5 = 0.375).
@@ -31,7 +34,7 @@ namespace delaycomm {
 // Errors: std::invalid_argument with the message "delaycomm: invalid delay spec 'TEXT': WHY[; expected ...]"
 // (invalidDelaySpec); Python's option check keeps the WHY part. pybind11 turns it into ValueError.
 struct DelaySpec {
-  enum class Family { kNone, kConst, kExp, kLognormal, kPareto, kTrace };
+  enum class Family { kNone, kConst, kExp, kLognormal, kPareto, kTrace, kProfile };
 
   struct Percentile {
     double q;        // in (0, 1)
@@ -46,6 +49,8 @@ struct DelaySpec {
   std::string tracePath;                             // kTrace
   std::shared_ptr<const std::vector<double>> trace;  // kTrace: sorted latencies in seconds
   uint64_t traceDigest = 0;  // kTrace: FNV-1a of the sorted latencies (compares files by content, not by path)
+  std::string profilePath;   // kProfile
+  std::shared_ptr<const DelayProfile> profile;  // kProfile: loaded and validated (its digest is its content)
 
   bool isNone() const { return family == Family::kNone; }
 };
@@ -71,6 +76,12 @@ double parseDuration(std::string_view text, const std::string& what);
 // without blocking or reading it). Errors name the file, the first bad line by number and what is wrong with it
 // ("delaycomm: trace file 'PATH' line N: ..."). Returns the latencies sorted, in seconds.
 std::vector<double> parseTraceFile(const std::string& path);
+
+// Reads the regular file at `path` (at most kMaxTraceBytes) into *data; returns "" or why it cannot ("NAME
+// cannot be opened: ..."). The file is opened non-blocking (a FIFO without a writer would block open()) and
+// checked with fstat before anything is read; at most kMaxTraceBytes + 1 bytes are read, so a file that grows is
+// refused too.
+std::string readSmallFile(const std::string& name, const std::string& path, std::string* data);
 
 // FNV-1a over the bit patterns of `sorted` (the digest stored in DelaySpec::traceDigest).
 uint64_t traceDigest(const std::vector<double>& sorted);

@@ -1,5 +1,7 @@
 #include "delay/Sampler.hpp"
 
+#include "delay/Profile.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -148,6 +150,7 @@ void DelaySampler::solve() {
       value_ = spec_.constSeconds;
       return;
     case F::kTrace:
+    case F::kProfile:
       return;
     case F::kExp:
       rate_ = p.empty() ? 1.0 / spec_.expMeanSeconds : -std::log1p(-p[0].q) / p[0].seconds;
@@ -200,13 +203,13 @@ void DelaySampler::solve() {
   }
 }
 
-double DelaySampler::sampleFor(uint64_t rank, uint64_t stream, uint64_t seq) const {
+double DelaySampler::sampleFor(uint64_t rank, uint64_t stream, uint64_t seq, CallSize at) const {
   if (spec_.isNone())
     return 0.0;
-  return quantile(counterUniforms(seed_, rank, stream, seq).first);
+  return quantile(counterUniforms(seed_, rank, stream, seq).first, at);
 }
 
-double DelaySampler::quantile(double u) const {
+double DelaySampler::quantile(double u, CallSize at) const {
   using F = DelaySpec::Family;
   u = std::clamp(u, 0.0, 1.0);
   switch (spec_.family) {
@@ -229,6 +232,8 @@ double DelaySampler::quantile(double u) const {
       const double frac = pos - static_cast<double>(i);
       return v[i] + frac * (v[i + 1] - v[i]);
     }
+    case F::kProfile:
+      return spec_.profile->quantile(u, at.op, at.bytes);
   }
   return 0.0;
 }
@@ -264,6 +269,19 @@ double DelaySampler::cdf(double x) const {
       const double frac = (x - v[i]) / (v[i + 1] - v[i]);
       return (static_cast<double>(i) + frac) / static_cast<double>(v.size() - 1);
     }
+    case F::kProfile: {
+      // Every call pooled: the quantile function inverted by bisection (it is monotone).
+      if (x < quantile(0.0))
+        return 0.0;
+      if (x >= quantile(1.0))
+        return 1.0;
+      double lo = 0.0, hi = 1.0;
+      for (int i = 0; i < 60; ++i) {
+        const double mid = 0.5 * (lo + hi);
+        (quantile(mid) <= x ? lo : hi) = mid;
+      }
+      return lo;
+    }
   }
   return 0.0;
 }
@@ -292,6 +310,8 @@ double DelaySampler::mean() const {
         s += 0.5 * (v[i] + v[i + 1]);
       return s / static_cast<double>(v.size() - 1);
     }
+    case F::kProfile:
+      return spec_.profile->mean();
   }
   return 0.0;
 }
@@ -312,6 +332,12 @@ std::vector<std::pair<std::string, double>> DelaySampler::parameters() const {
     case F::kTrace: {
       const auto& v = *spec_.trace;
       return {{"n", static_cast<double>(v.size())}, {"min_s", v.front()}, {"max_s", v.back()}};
+    }
+    case F::kProfile: {
+      const auto& p = *spec_.profile;
+      return {{"ops", static_cast<double>(p.ops())},
+              {"size_classes", static_cast<double>(p.classes())},
+              {"calls", static_cast<double>(p.calls())}};
     }
   }
   return {};

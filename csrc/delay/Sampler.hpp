@@ -24,6 +24,13 @@ std::array<uint32_t, 4> philox4x32(std::array<uint32_t, 4> counter, std::array<u
 double normalQuantile(double p);
 double normalCdf(double z);
 
+// The call a draw is for, where the distribution depends on it (profile:FILE): its op (an OpKind; -1: none) and
+// its size in bytes (-1: unknown). Other families ignore it.
+struct CallSize {
+  int op = -1;
+  int64_t bytes = -1;
+};
+
 // One delay distribution (a parsed DelaySpec with its parameters solved) and its deterministic samples.
 //
 // Families (x(u) is the quantile function, u in (0, 1)):
@@ -33,6 +40,8 @@ double normalCdf(double z);
 //   pareto     x = c + exp(a + b * (-ln(1 - u))): for c = 0 this is Pareto I with scale e^a and shape 1/b;
 //              for three percentiles c is solved (a generalised Pareto with location c + e^a >= 0)
 //   trace      linear interpolation between the sorted values at positions u * (n - 1)
+//   profile    the call's (op, size class) distribution of the profile (delay/Profile.hpp: interpolation
+//              between size classes, the fallback for an op the profile lacks); without a call, every call pooled
 // The tail is never capped.
 //
 // Errors: std::invalid_argument (a third percentile the family cannot reach, explained).
@@ -44,8 +53,8 @@ class DelaySampler {
   // The delay in seconds of draw (stream, seq) for this sampler's (seed, rank).
   double sample(uint64_t stream, uint64_t seq) const { return sampleFor(rank_, stream, seq); }
   // The delay in seconds of draw (stream, seq) for any rank under this sampler's seed.
-  double sampleFor(uint64_t rank, uint64_t stream, uint64_t seq) const;
-  double quantile(double u) const;  // seconds; u in [0, 1]
+  double sampleFor(uint64_t rank, uint64_t stream, uint64_t seq, CallSize at = {}) const;
+  double quantile(double u, CallSize at = {}) const;  // seconds; u in [0, 1]
   double cdf(double seconds) const;
   double mean() const;  // seconds; +inf for a Pareto with shape <= 1
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -11,9 +12,20 @@ namespace {
 // Far beyond any timeout (~146 years) and far from int64 overflow; only the representation is bounded, the
 // distribution's tail is not capped below it.
 constexpr double kMaxDelayNs = 4.6e18;
+
+// Counter streams of the burst chains' own draws, apart from every stream a call draws from (bit 63 set).
+constexpr uint64_t kBurstGapTag = 1ull << 63;
+constexpr uint64_t kBurstStateTag = (1ull << 63) | (1ull << 62);
+// The longest refresh block: the search's cost stays O(1) expected for any block length, this only keeps the
+// positions in range.
+constexpr double kMaxBlock = 1e15;
 }  // namespace
 
-DelaySchedule::DelaySchedule(DelaySpec spec, double fraction, uint64_t seed, std::vector<int64_t> ranks)
+double DelaySchedule::minBurst(double fraction) {
+  return fraction >= 1.0 ? std::numeric_limits<double>::infinity() : 1.0 / (1.0 - fraction);
+}
+
+DelaySchedule::DelaySchedule(DelaySpec spec, double fraction, uint64_t seed, std::vector<int64_t> ranks, double burst)
     : sampler_(std::move(spec), seed, 0), fraction_(fraction), seed_(seed), ranks_(std::move(ranks)) {
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     throw std::invalid_argument("delaycomm: DelaySchedule: fraction must be in [0, 1], got " +
@@ -26,26 +38,141 @@ DelaySchedule::DelaySchedule(DelaySpec spec, double fraction, uint64_t seed, std
   }
   std::sort(ranks_.begin(), ranks_.end());
   ranks_.erase(std::unique(ranks_.begin(), ranks_.end()), ranks_.end());
+  if (!(burst == 0.0 || (burst >= 1.0 && std::isfinite(burst)))) {
+    throw std::invalid_argument(
+        "delaycomm: DelaySchedule: burst must be 0 (independent draws) or a mean burst "
+        "length of at least 1 call, got " +
+        std::to_string(burst));
+  }
+  // fraction 0 or 1: every call is alike, there is nothing to correlate.
+  if (burst > 0.0 && fraction > 0.0 && fraction < 1.0) {
+    const double lo = minBurst(fraction);
+    if (burst < lo * (1.0 - 1e-12)) {
+      throw std::invalid_argument("delaycomm: DelaySchedule: a mean burst length of " + std::to_string(burst) +
+                                  " calls is shorter than the mean run of independent draws at fraction " +
+                                  std::to_string(fraction) + ", 1 / (1 - fraction) = " + std::to_string(lo) +
+                                  " calls (bursts make runs longer, never shorter)");
+    }
+    burst_ = burst;
+    refresh_ = std::min(1.0, 1.0 / (burst * (1.0 - fraction)));
+    logStay_ = std::log1p(-refresh_);  // -inf when refresh_ = 1
+    block_ = static_cast<uint64_t>(std::min(kMaxBlock, std::ceil(1.0 / refresh_)));
+  }
 }
 
 bool DelaySchedule::targets(int64_t rank) const {
   return ranks_.empty() || std::binary_search(ranks_.begin(), ranks_.end(), rank);
 }
 
+uint64_t DelaySchedule::chainOf(uint64_t stream) {
+  if (stream < kLoaderStream)
+    return 0;  // every op kind of a group: one chain over the group's sequence numbers
+  if (stream >= (1ull << 32))
+    return 1;  // every staleness key: one chain over the steps
+  return stream;
+}
+
+// The chain (docs/delay.md, "Bursts"): at each position, with probability lambda the state is refreshed (drawn
+// anew: delayed with probability `fraction`), otherwise it stays. Then P(delayed -> not) = lambda (1 - fraction)
+// = 1 / burst and P(not -> delayed) = lambda fraction, a two-state Markov chain with stationary fraction
+// `fraction`; position 0 is always a refresh, so every position is in the stationary distribution. The state at
+// t is the draw of the last refresh at or before t, found without visiting earlier calls: positions are cut into
+// blocks of ~1/lambda, and a block's refreshes are generated backwards from its end by geometric gaps (by
+// memorylessness the same as one Bernoulli(lambda) per position). Expected cost: ~1 refresh skipped in t's block
+// and ~1.6 blocks visited, whatever t.
+uint64_t DelaySchedule::lastRefresh(uint64_t rank, uint64_t chain, uint64_t t) const {
+  if (refresh_ >= 1.0)
+    return t;
+  uint64_t b = t / block_;
+  for (;;) {
+    const uint64_t start = b * block_;
+    uint64_t pos = start + block_ - 1;  // candidate: the block's last position
+    for (uint64_t i = 0;; ++i) {
+      const double u = counterUniforms(seed_, rank, kBurstGapTag | (chain << 40) | i, b).first;
+      // Geometric gap G >= 0 with P(G >= j) = (1 - lambda)^j.
+      const double g = std::floor(std::log(u) / logStay_);
+      if (!(g <= static_cast<double>(pos - start)))
+        break;  // no (further) refresh in this block
+      pos -= static_cast<uint64_t>(g);
+      if (pos <= t)
+        return pos;
+      if (pos == start)
+        break;
+      --pos;
+    }
+    if (b == 0)
+      return 0;
+    --b;
+  }
+}
+
+bool DelaySchedule::burstState(int64_t rank, uint64_t chain, uint64_t t) const {
+  const uint64_t r = static_cast<uint64_t>(rank);
+  const uint64_t s = lastRefresh(r, chain, t);
+  return counterUniforms(seed_, r, kBurstStateTag | chain, s).first < fraction_;
+}
+
+bool DelaySchedule::selected(int64_t rank, uint64_t stream, uint64_t seq, double uSelect) const {
+  if (burst_ > 0.0)
+    return burstState(rank, chainOf(stream), seq);
+  return uSelect < fraction_;
+}
+
+int64_t DelaySchedule::quantileNs(double u, CallSize at) const {
+  const double ns = sampler_.quantile(u, at) * 1e9;
+  return static_cast<int64_t>(std::llround(std::min(ns, kMaxDelayNs)));
+}
+
 bool DelaySchedule::delayed(int64_t rank, uint64_t stream, uint64_t seq) const {
   if (!active() || !targets(rank))
     return false;
-  return counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq).second < fraction_;
+  return selected(rank, stream, seq, counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq).second);
 }
 
-int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq) const {
+int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at) const {
   if (!active() || !targets(rank))
     return 0;
   const auto [uDelay, uSelect] = counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq);
-  if (!(uSelect < fraction_))
+  if (!selected(rank, stream, seq, uSelect))
     return 0;
-  const double ns = sampler_.quantile(uDelay) * 1e9;
-  return static_cast<int64_t>(std::llround(std::min(ns, kMaxDelayNs)));
+  return quantileNs(uDelay, at);
+}
+
+DelaySchedule::Latest DelaySchedule::latest(uint64_t stream, uint64_t seq, int64_t size, int64_t onlyRank,
+                                            CallSize at) const {
+  Latest out;
+  if (!active())
+    return out;
+  int64_t m = 0;
+  double best = -1.0;
+  auto consider = [&](int64_t r) {
+    ++m;
+    const auto [uDelay, uSelect] = counterUniforms(seed_, static_cast<uint64_t>(r), stream, seq);
+    // The quantile function is non-decreasing: the largest draw has the largest delay (ties: the lowest rank).
+    if (uDelay > best && selected(r, stream, seq, uSelect)) {
+      best = uDelay;
+      out.rank = r;
+    }
+  };
+  if (onlyRank >= 0) {
+    if (targets(onlyRank))
+      consider(onlyRank);
+  } else if (ranks_.empty()) {
+    for (int64_t r = 0; r < size; ++r)
+      consider(r);
+  } else {
+    for (const int64_t r : ranks_) {
+      if (r < size)
+        consider(r);
+    }
+  }
+  if (out.rank < 0)
+    return out;
+  out.ns = quantileNs(best, at);
+  // P(largest delay <= x) = prod over the m ranks of P(d_r <= x) = ((1 - f) + f G(x))^m, and G(x) = u at the
+  // largest delay x = G^-1(u); exact also within an atom of G (const) since the draws order the tie.
+  out.quantile = std::pow((1.0 - fraction_) + fraction_ * best, static_cast<double>(m));
+  return out;
 }
 
 }  // namespace delaycomm

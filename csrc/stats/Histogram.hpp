@@ -7,6 +7,16 @@
 
 namespace delaycomm {
 
+// Size classes of the per-size telemetry and of profiles (docs/profile.md): class 0 holds calls of 0 bytes,
+// class k >= 1 holds [2^(k-1), 2^k) bytes.
+inline constexpr int kSizeClasses = 64;
+inline int sizeClassOf(int64_t bytes) {
+  return bytes <= 0 ? 0 : 64 - __builtin_clzll(static_cast<uint64_t>(bytes));
+}
+inline uint64_t sizeClassBytes(int sizeClass) {  // the smallest size of the class
+  return sizeClass <= 0 ? 0 : uint64_t{1} << (sizeClass - 1);
+}
+
 // A log-bucket histogram of non-negative values (latencies in nanoseconds, staleness in steps).
 //
 // Threads: record() is lock-free and may be called from any thread (the caller, Gloo's worker threads, the

@@ -1,10 +1,40 @@
 #include "stats/OpStats.hpp"
 
+#include <algorithm>
+#include <memory>
+
 namespace delaycomm {
 
-void CudaTimings::push(OpKind op, c10::Event start, c10::Event end) {
+SizeHistograms::~SizeHistograms() {
+  for (auto& c : classes_) {
+    delete c.load(std::memory_order_acquire);
+  }
+}
+
+LogHistogram& SizeHistograms::at(int sizeClass) {
+  auto& slot = classes_[static_cast<size_t>(std::clamp(sizeClass, 0, kSizeClasses - 1))];
+  LogHistogram* h = slot.load(std::memory_order_acquire);
+  if (h != nullptr) {
+    return *h;
+  }
+  auto fresh = std::make_unique<LogHistogram>();
+  if (slot.compare_exchange_strong(h, fresh.get(), std::memory_order_acq_rel)) {
+    return *fresh.release();
+  }
+  return *h;  // another thread allocated it first
+}
+
+void SizeHistograms::reset() {
+  for (auto& c : classes_) {
+    if (auto* h = c.load(std::memory_order_acquire)) {
+      h->reset();  // kept allocated: a concurrent record() may hold it
+    }
+  }
+}
+
+void CudaTimings::push(OpKind op, c10::Event start, c10::Event end, int sizeClass) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_.push_back(Pair{op, std::move(start), std::move(end)});
+  pending_.push_back(Pair{op, std::move(start), std::move(end), sizeClass});
 }
 
 void CudaTimings::harvest(std::array<OpStats, kNumOpKinds>& ops) {
@@ -13,7 +43,9 @@ void CudaTimings::harvest(std::array<OpStats, kNumOpKinds>& ops) {
   while (!pending_.empty() && pending_.front().end.query()) {
     auto& p = pending_.front();
     const double ms = p.start.elapsedTime(p.end);
-    ops[static_cast<int>(p.op)].latencyNs.record(ms * 1e6);
+    auto& s = ops[static_cast<int>(p.op)];
+    s.latencyNs.record(ms * 1e6);
+    s.callNsBySize.at(p.sizeClass).record(ms * 1e6);
     pending_.pop_front();
   }
 }
@@ -24,8 +56,12 @@ void OpStats::reset() {
   delayedCalls = 0;
   errors = 0;
   untimed = 0;
+  matchCalls = 0;
+  matchNothingAdded = 0;
+  matchUncalibrated = 0;
   latencyNs.reset();
   delayNs.reset();
+  callNsBySize.reset();
 }
 
 void StalenessStats::reset() {

@@ -2,8 +2,10 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <string>
 
@@ -14,6 +16,41 @@
 
 namespace delaycomm {
 
+// One latency histogram per size class, each allocated when its class first records (once per class and group,
+// never on later calls). Threads: any; at() is lock-free once the class exists.
+class SizeHistograms {
+ public:
+  SizeHistograms() = default;
+  ~SizeHistograms();
+  SizeHistograms(const SizeHistograms&) = delete;
+  SizeHistograms& operator=(const SizeHistograms&) = delete;
+  LogHistogram& at(int sizeClass);
+  const LogHistogram* find(int sizeClass) const {
+    return classes_[static_cast<size_t>(sizeClass)].load(std::memory_order_acquire);
+  }
+  void reset();
+
+ private:
+  std::array<std::atomic<LogHistogram*>, kSizeClasses> classes_{};
+};
+
+// What a work needs to record the latency its caller experiences (docs/profile.md, "What is recorded"): the
+// size class of the call and when the call entered delaycomm (after a compute slowdown, before a host delay).
+struct CallTiming {
+  int sizeClass = 0;
+  std::chrono::steady_clock::time_point enteredAt{};
+  // delay_mode=match (docs/delay.md, "Match mode"): >= 0 when the call measures this machine's own latency, the
+  // delay injected into it (what the caller experiences minus this is the machine's own); -1 otherwise.
+  int64_t ownMinusNs = -1;
+};
+
+// Where delay_mode=match's calls report this machine's own latency (delay/LocalLatency.hpp).
+class OwnLatencySink {
+ public:
+  virtual ~OwnLatencySink() = default;
+  virtual void record(OpKind op, int sizeClass, int64_t ns) = 0;
+};
+
 // Telemetry of one op type in one group. All members are updated lock-free from any thread.
 struct OpStats {
   std::atomic<uint64_t> calls{0};
@@ -23,6 +60,12 @@ struct OpStats {
   std::atomic<uint64_t> untimed{0};  // GPU works destroyed before anyone waited on them
   LogHistogram latencyNs;            // issue to completion
   LogHistogram delayNs;              // injected delay of the delayed calls
+  SizeHistograms callNsBySize;       // the latency the caller experiences, per size class (successful calls)
+  // delay_mode=match (docs/delay.md, "Match mode"): the calls this rank carried as the latest rank, those where
+  // its own latency already reached the target (nothing added), those before its estimate was calibrated.
+  std::atomic<uint64_t> matchCalls{0};
+  std::atomic<uint64_t> matchNothingAdded{0};
+  std::atomic<uint64_t> matchUncalibrated{0};
   void reset();
 };
 
@@ -50,8 +93,8 @@ struct HostStats {
 // Threads: any; harvesting never blocks (it stops at the first pair whose end has not completed).
 class CudaTimings {
  public:
-  void push(OpKind op, c10::Event start, c10::Event end);
-  // Folds every completed pair, in order, into `ops[op].latencyNs`.
+  void push(OpKind op, c10::Event start, c10::Event end, int sizeClass = 0);
+  // Folds every completed pair, in order, into `ops[op].latencyNs` and its size class's histogram.
   void harvest(std::array<OpStats, kNumOpKinds>& ops);
 
  private:
@@ -59,6 +102,7 @@ class CudaTimings {
     OpKind op;
     c10::Event start;
     c10::Event end;
+    int sizeClass;
   };
   std::mutex mutex_;
   std::deque<Pair> pending_;
@@ -73,6 +117,17 @@ class GroupStats {
   HostStats& host() { return host_; }
   const HostStats& host() const { return host_; }
   CudaTimings& cudaTimings() { return cudaTimings_; }
+  // A successful call completed now, as its caller sees it: records the time since call.enteredAt.
+  void recordCall(OpKind kind, const CallTiming& call) {
+    const auto ns =
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.enteredAt).count();
+    op(kind).callNsBySize.at(call.sizeClass).record(static_cast<double>(ns));
+    if (call.ownMinusNs >= 0 && ownLatency_) {
+      ownLatency_->record(kind, call.sizeClass, ns - call.ownMinusNs);
+    }
+  }
+  // delay_mode=match: set once, before the group's first op (DelayInjector's constructor).
+  void setOwnLatencySink(std::shared_ptr<OwnLatencySink> sink) { ownLatency_ = std::move(sink); }
   // Folds the completed GPU timings into the histograms (never blocks).
   void harvestCudaTimings() { cudaTimings_.harvest(ops_); }
   void reset();
@@ -82,6 +137,7 @@ class GroupStats {
   CudaTimings cudaTimings_;
   StalenessStats staleness_;
   HostStats host_;
+  std::shared_ptr<OwnLatencySink> ownLatency_;
 };
 
 }  // namespace delaycomm

@@ -1,4 +1,5 @@
-"""``python -m delaycomm config``: show the effective configuration (and where each value came from)."""
+"""``python -m delaycomm config``: show the effective configuration (and where each value came from);
+``python -m delaycomm profile``: latency profiles (docs/profile.md)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,21 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    pp = sub.add_parser(
+        "profile",
+        help="merge stats files into a latency profile; show or plot one (docs/profile.md)",
+        description="Merge the stats files (DELAYCOMM_STATS) of the ranks of one or more jobs into a latency "
+        "profile, per op and size class; replay it with DELAYCOMM_DELAY=profile:PROFILE.json (docs/profile.md).",
+    )
+    pp.add_argument("stats", nargs="*", metavar="STATS", help="stats files (JSON) of every rank of the jobs")
+    pp.add_argument("-o", "--output", metavar="PROFILE.json", help="write the profile here")
+    pp.add_argument("--show", metavar="PROFILE.json", help="print a profile as a table")
+    pp.add_argument("--png", metavar="FILE.png", help="plot the quantiles per size (needs matplotlib)")
     args = parser.parse_args(argv)
+    if args.command == "profile":
+        from delaycomm import profile
+
+        return profile.main(args)
 
     import delaycomm
 

@@ -31,13 +31,17 @@ EXEMPT = tuple(o.name for o in OPTIONS if not o.must_match)
 
 
 def _delay_key(text: str) -> tuple[str, str]:
-    """The delay distribution as a key (its solved parameters; a trace by content), and how to show it."""
+    """The delay distribution as a key (its solved parameters; a trace or a profile by content), and how to show
+    it."""
     from delaycomm import _C
 
     d = _C.parse_delay_spec(text)
     if d["family"] == "trace":
         digest = d["trace_digest"]
         return json.dumps(["trace", digest]), f"{text} (content {digest})"
+    if d["family"] == "profile":
+        digest = d["profile_digest"]
+        return json.dumps(["profile", digest]), f"{text} (content {digest})"
     params = {k: f"{v:.12g}" for k, v in sorted(d["parameters"].items())}
     return json.dumps([d["family"], params]), text
 

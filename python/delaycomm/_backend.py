@@ -89,6 +89,7 @@ def create_backend(dist_opts, pg_options):
 _STALENESS = {"bsp": _C.Staleness.BSP, "ssp": _C.Staleness.SSP, "asp": _C.Staleness.ASP}
 _STALE_POLICY = {"ema": _C.StalePolicy.EMA, "apply": _C.StalePolicy.APPLY, "drop": _C.StalePolicy.DROP}
 _DELAY_WHERE = {"network": _C.DelayWhere.NETWORK, "host": _C.DelayWhere.HOST}
+_DELAY_MODE = {"add": _C.DelayMode.ADD, "match": _C.DelayMode.MATCH}
 
 
 def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
@@ -132,6 +133,8 @@ def _fill_delay_options(
             native.delay_fraction = 0.0
     native.delay_ops = [_ops.BY_NAME[name].kind for name in cfg.delay_ops] if cfg.delay_ops is not None else []
     native.delay_where = _DELAY_WHERE[cfg.delay_where]
+    native.delay_mode = _DELAY_MODE[cfg.delay_mode]
+    native.delay_burst = cfg.delay_burst if cfg.delay_burst is not None else 0.0
     native.seed = cfg.seed if every_rank or members is None else group_seed(cfg.seed, members)
     native.slowdown = dict(cfg.slowdown).get(members[rank] if members is not None else rank, 1.0)
     if cfg.delay == "none" or native.delay_fraction == 0.0:

@@ -205,6 +205,38 @@ def _parse_choice(*choices: str) -> Callable[[Any], str]:
     return parse
 
 
+MAX_DELAY_BURST = 1e12  # mean burst length in calls; far beyond any job, and exact in a double
+
+
+def _parse_delay_burst(v: Any) -> float | None:
+    """delay_burst: 'none' (calls delayed independently) or the mean burst length in calls (docs/delay.md)."""
+    accepted = (
+        f"'none' (each call delayed independently) or the mean length of a burst of delayed calls, a number of "
+        f"calls in [1, {MAX_DELAY_BURST:g}] such as 50"
+    )
+    if isinstance(v, str) and v.strip().lower() == "none":
+        return None
+    return _parse_float(1.0, MAX_DELAY_BURST, False, False, accepted)(v)
+
+
+def _check_delay_burst(values: dict[str, Any], origins: dict[str, str], raw: Any) -> None:
+    """A burst is at least the mean run of independent draws at delay_fraction (the native bound, one source)."""
+    burst, fraction = values["delay_burst"], values["delay_fraction"]
+    if burst is None or values["delay"] == "none" or not 0.0 < fraction < 1.0:
+        return
+    from delaycomm import _C
+
+    shortest = _C.DelaySchedule.min_burst(fraction)
+    if burst < shortest * (1.0 - 1e-12):
+        raise _invalid(
+            _BY_NAME["delay_burst"],
+            raw,
+            origins["delay_burst"],
+            f"expected a mean burst length of at least 1 / (1 - delay_fraction) = {shortest:.6g} calls at "
+            f"delay_fraction={fraction:g} (that length is independent draws; bursts are longer), or 'none'",
+        )
+
+
 def _parse_slowdown(v: Any) -> tuple[tuple[int, float], ...]:
     accepted = (
         f"'none' or RANK:FACTORx entries such as '0:4x' or '0:4x,2:1.5x' (each rank once, a factor in "
@@ -395,13 +427,13 @@ OPTIONS: tuple[Option, ...] = (
         _parse_delay,
         "none",
         "delay distribution: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, "
-        "pareto:p50=..,p99=.., const:50ms, trace:FILE, none",
+        "pareto:p50=..,p99=.., const:50ms, trace:FILE, profile:FILE (docs/profile.md), none",
     ),
     Option(
         "delay_fraction",
         _parse_float(0.0, 1.0, False, False),
         None,
-        "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set)",
+        "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set; 1 for profile:FILE)",
     ),
     Option("delay_ranks", _parse_ranks, "all", "ranks that are delayed: all, or a list such as 0 or 0,3"),
     Option("delay_ops", _parse_ops, "all", "collectives that are delayed: all, or a list such as allreduce,broadcast"),
@@ -410,6 +442,20 @@ OPTIONS: tuple[Option, ...] = (
         _parse_choice("network", "host"),
         "network",
         "network: the op's completion is delayed (the caller goes on); host: the calling thread blocks",
+    ),
+    Option(
+        "delay_mode",
+        _parse_choice("add", "match"),
+        "add",
+        "add: the delay is added to the op's own latency; match: only what the call needs on top of this "
+        "machine's own latency is added, so that the call's latency follows the distribution (docs/delay.md)",
+    ),
+    Option(
+        "delay_burst",
+        _parse_delay_burst,
+        "none",
+        "none (each call delayed independently), or the mean length in calls of a burst of delayed calls of a rank "
+        "(at least 1 / (1 - delay_fraction))",
     ),
     Option(
         "slowdown",
@@ -631,7 +677,13 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
             origins[opt.name] = "the default"
             values[opt.name] = opt.parse(opt.default) if opt.default is not None else None
     if values["delay_fraction"] is None:
-        values["delay_fraction"] = 0.3 if values["delay"] != "none" else 0.0
+        # A profile is the distribution of every call (docs/profile.md): by default every call draws from it.
+        delay = values["delay"]
+        values["delay_fraction"] = (
+            0.0 if delay == "none" else 1.0 if delay.lower().lstrip().startswith("profile:") else 0.3
+        )
+    burst = _BY_NAME["delay_burst"]
+    _check_delay_burst(values, origins, merged.given.get(burst.name, env.get(burst.env)))
     return EffectiveConfig(values=values, sources=sources, origins=origins)
 
 
@@ -639,6 +691,8 @@ def format_value(name: str, value: Any) -> str:
     """An option's resolved value as its canonical spec string (what the environment variable would say)."""
     if value is None:
         return {"delay_ranks": "all", "delay_ops": "all", "step_ms": "auto", "stats": "none"}.get(name, "none")
+    if name == "delay_burst":
+        return repr(value).removesuffix(".0")
     if name == "slowdown":
         return ",".join(f"{r}:{repr(f).removesuffix('.0')}x" for r, f in value) or "none"
     if isinstance(value, tuple):

@@ -43,7 +43,9 @@ class DelaySampler(_C.DelaySampler):
     Args:
         spec: a delay spec: ``exp:p99=400ms`` (P99 is exactly 400 ms: rate ln(100)/400 ms), ``exp:mean=400ms``,
             ``lognormal:p50=60ms,p99=400ms[,p999=2s]``, ``pareto:p50=60ms,p99=400ms[,p999=2s]``, ``const:50ms``,
-            ``trace:FILE`` (one latency per line with a unit; inverse CDF with linear interpolation) or ``none``.
+            ``trace:FILE`` (one latency per line with a unit; inverse CDF with linear interpolation),
+            ``profile:FILE`` (per op and size class, docs/profile.md; draws without a call pool every call) or
+            ``none``.
         seed: seed of the schedule (>= 0).
         rank: the rank whose draws :meth:`sample` returns (>= 0).
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 import os
+import platform
 import socket
 from typing import Any
 
 from delaycomm._registry import backend_of, live_backends
 from delaycomm._tools import table
+from delaycomm._tools.machine import machine_info
 from delaycomm._tools.table import Column
 
 __all__ = ["stats", "reset_stats", "report", "group_stats"]
@@ -21,7 +25,36 @@ def group_stats(backend, group_name: str) -> dict[str, Any]:
     data["world_size"] = backend.size()
     data["host"] = socket.gethostname()
     data["pid"] = os.getpid()
+    data.update(copy.deepcopy(_metadata(backend)))
     return data
+
+
+def _metadata(backend) -> dict[str, Any]:
+    """What a profile records of the job besides its latencies (docs/profile.md): the inner backends, versions and
+    the machine."""
+    return _static_metadata(backend.inner("cpu") is not None, backend.inner("cuda") is not None)
+
+
+@functools.lru_cache(maxsize=4)
+def _static_metadata(gloo: bool, nccl: bool) -> dict[str, Any]:
+    """Computed once per process (stats() may be called every step; the CPU model is read from a file)."""
+    import torch
+
+    import delaycomm
+
+    return {
+        "backends": [name for name, present in (("gloo", gloo), ("nccl", nccl)) if present],
+        "versions": {
+            "delaycomm": delaycomm.__version__,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "cuda": torch.version.cuda,
+        },
+        "machine": {
+            **{k: v for k, v in machine_info().items() if k != "loadavg"},  # the load would be stale
+            "gpus": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())] if nccl else [],
+        },
+    }
 
 
 def stats(group=None) -> dict[str, Any]:
@@ -32,8 +65,10 @@ def stats(group=None) -> dict[str, Any]:
 
     Returns:
         For a group: ``{"ops": {op: {"calls", "bytes", "errors", "delayed_calls", "latency": {"count",
-        "p50_us", "p90_us", "p99_us", "p999_us", "max_us", ...}, "delay": {...}}}, "staleness": {...},
-        "group", "rank", "world_size"}``. For None: ``{"groups": {group_name: <that dict>}}``.
+        "p50_us", "p90_us", "p99_us", "p999_us", "max_us", ...}, "delay": {...}, "by_size": [{"bytes", "calls",
+        "latency", "histogram"}, ...]}}, "staleness": {...}, "group", "rank", "world_size", "backends",
+        "versions", "machine"}``; ``by_size`` is the latency the caller experienced per size class, with its
+        whole histogram (docs/profile.md). For None: ``{"groups": {group_name: <that dict>}}``.
 
     Raises:
         ValueError: ``group`` is not a delaycomm group.

@@ -393,3 +393,50 @@ def memory_over_many_ops(rank, world_size, init_method, n=10_000):
     pending = backend.pending_delayed_ops()
     dist.destroy_process_group()
     return {"growth_mb": after - before, "delayed": delayed, "pending": pending}
+
+
+def match_mode(rank, world_size, init_method, n=80):
+    """delay_mode=match against delay_mode=add and no delay, in one job (three groups, interleaved so that the
+    machine's load weighs on each alike): each call timed by this script's own clock, 1 KiB and 4 MiB all-reduces
+    interleaved. The delay: lognormal p50=3ms,p99=30ms on every call of rank 0 (so a call's target is that
+    lognormal). A fourth group delays every rank in bursts (delay_burst=8 at delay_fraction=0.3): each rank's own
+    delays, and its schedule of every rank, come back to be compared across ranks."""
+    _init(rank, world_size, init_method)
+    spec = dict(delay="lognormal:p50=3ms,p99=30ms", delay_fraction=1.0, delay_ranks="0")
+    bursty = dict(delay="const:200us", delay_fraction=0.3, delay_burst=8, seed=5)
+    groups = {
+        "none": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
+        "match": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay_mode="match", **spec)),
+        "add": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay_mode="add", **spec)),
+    }
+    burst_group = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(**bursty))
+    sizes = {"1KiB": 256, "4MiB": 1 << 20}
+    times = {g: {s: [] for s in sizes} for g in groups}
+    bufs = {s: torch.ones(numel) for s, numel in sizes.items()}
+    for _ in range(n):
+        for name, g in groups.items():
+            for s, t in bufs.items():
+                t0 = time.perf_counter()
+                dist.all_reduce(t, group=g, async_op=True).wait()
+                times[name][s].append(time.perf_counter() - t0)
+        dist.all_reduce(bufs["1KiB"], group=burst_group)
+    # The target of each call of the match group: rank 0's delay in the schedule (the only delayed rank), by the
+    # group's sequence numbers 1, 2, ... (the sizes alternate).
+    backend = backend_of(groups["match"])
+    targets = [backend.delay_ns_for("allreduce", seq) * 1e-9 if rank == 0 else 0.0 for seq in range(1, 2 * n + 1)]
+    mine = [backend_of(burst_group).delay_ns_for("allreduce", seq) for seq in range(1, n + 1)]
+    schedule = delaycomm._C.DelaySchedule("const:200us", 0.3, 5, [], 8.0)
+    everyones = [[schedule.delay_ns(r, 1, seq) for seq in range(1, n + 1)] for r in range(world_size)]
+    out = {
+        "times": times,
+        "targets": {s: targets[i :: len(sizes)] for i, s in enumerate(sizes)},
+        "match": delaycomm.stats(groups["match"])["ops"]["allreduce"]["match"],
+        "delayed": {g: delaycomm.stats(groups[g])["ops"]["allreduce"]["delayed_calls"] for g in groups},
+        "burst": {
+            "mine": mine,
+            "everyones": everyones,
+            "delayed": delaycomm.stats(burst_group)["ops"]["allreduce"]["delayed_calls"],
+        },
+    }
+    dist.destroy_process_group()
+    return out

@@ -108,7 +108,7 @@ def test_bad_specs_say_what_is_wrong_and_what_is_accepted(spec, message):
     if "no lognormal" not in text and "no generalised Pareto" not in text:
         assert text.endswith(
             "; expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, "
-            "lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE "
+            "lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms[,p999=2s], trace:FILE, profile:FILE "
             "(durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)"
         )
 
@@ -120,7 +120,7 @@ def test_bad_spec_through_the_option_keeps_the_cause_once():
         "delaycomm: invalid value 'exp:p99=400' for option 'delay' from the keyword delay= of DelayConfig: value of "
         "'p99' '400' has no unit (expected one of ns, us, ms, s, e.g. 50ms); expected a delay spec: none, const:50ms, "
         "exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms[,p999=2s], pareto:p50=60ms,p99=400ms"
-        "[,p999=2s], trace:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)"
+        "[,p999=2s], trace:FILE, profile:FILE (durations need a unit: ns, us, ms, s; each is 0 or from 1ns to 86400s)"
     )
 
 

@@ -45,6 +45,11 @@ def _backends(text: str) -> tuple[str, ...]:
     return tuple(names)
 
 
+def _profile(text: str) -> str:
+    """A profile file, checked by the native loader: the delay spec ``profile:FILE``."""
+    return argtypes.delay_spec(f"profile:{text}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from delaycomm.bench.plot import PLOT_EXTENSIONS
 
@@ -161,6 +166,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="delaycomm's delay option (e.g. const:5ms, exp:p99=400ms): shows the latency it produces",
     )
     b.add_argument(
+        "--profile",
+        type=_profile,
+        default=None,
+        metavar="PROFILE.json",
+        help="delaycomm replays this latency profile (delay profile:FILE, docs/profile.md); the table adds the "
+        "profile's p50 and p99 per size beside the measured latencies",
+    )
+    b.add_argument(
         "--delay-fraction",
         type=argtypes.number(0.0),
         default=None,
@@ -263,8 +276,12 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
     if a.root >= world:
         p.error(f"argument --root: {a.root} is not a rank of a {world}-rank run")
     options: dict[str, Any] = {}
+    if a.delay is not None and a.profile is not None:
+        p.error("argument --profile: not allowed with --delay (a profile is a delay spec: profile:FILE)")
     if a.delay is not None:
         options["delay"] = a.delay
+    if a.profile is not None:
+        options["delay"] = a.profile
     if a.delay_fraction is not None:
         options["delay_fraction"] = a.delay_fraction
     variants = [None] if not a.nccl_algo else list(dict.fromkeys(a.nccl_algo))
@@ -277,7 +294,15 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
             continue
         for algo in variants:
             opts = dict(options) if algo is None else {**options, "nccl_algo": algo}
-            flag = "--nccl-algo" if algo is not None else "--delay" if "delay" in opts else "--delay-fraction"
+            flag = (
+                "--nccl-algo"
+                if algo is not None
+                else "--profile"
+                if a.profile is not None
+                else "--delay"
+                if "delay" in opts
+                else "--delay-fraction"
+            )
             try:
                 delaycomm.DelayConfig(**opts)
             except ValueError as e:

@@ -121,6 +121,35 @@ def _injected_delays(backends: tuple[Backend, ...], groups: dict, plan) -> list[
     return out
 
 
+def _profile_targets(backends: tuple[Backend, ...], plan, elsize: int, n: int) -> list[dict[str, Any]]:
+    """Per delaycomm backend replaying a profile (delay profile:FILE) and per (collective, size): the profile's p50
+    and p99 for the call as delaycomm classes it (its op, its input bytes), read through the native sampler
+    (docs/profile.md)."""
+    from delaycomm import _C
+
+    out = []
+    for b in backends:
+        text = str(b.options.get("delay", "none"))
+        if not b.is_delaycomm or not text.strip().lower().startswith("profile:"):
+            continue
+        sampler = _C.DelaySampler(text)
+        for spec, count in plan:
+            nbytes = spec.buffer_counts(count, n)[0] * elsize
+            q50, q99 = (sampler.quantile(q, op=spec.stats_op, nbytes=nbytes) * 1e6 for q in (0.5, 0.99))
+            out.append(
+                {
+                    "backend": b.label,
+                    "collective": spec.name,
+                    "size_bytes": count * elsize,
+                    "op": spec.stats_op,
+                    "call_bytes": nbytes,
+                    "p50_us": q50,
+                    "p99_us": q99,
+                }
+            )
+    return out
+
+
 def run_rank(
     rank: int, world_size: int, settings: Settings, init_method: str, clock: Clock | None = None
 ) -> dict[str, Any] | None:
@@ -259,6 +288,7 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
     injected = _injected_delays(backends, groups, plan)
     if rank != 0:
         return {}
+    targets = _profile_targets(backends, plan, elsize, n)
     rows = []
     for pi, (spec, count) in enumerate(plan):
         for bi, b in enumerate(backends):
@@ -274,7 +304,13 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
                     "wrong": None if wrong[pi] is None else wrong[pi][bi],
                 }
             )
-    return {"rows": rows, "skipped": skipped, "backends": _backend_info(backends), "injected_delay": injected}
+    return {
+        "rows": rows,
+        "skipped": skipped,
+        "backends": _backend_info(backends),
+        "injected_delay": injected,
+        **({"profile_targets": targets} if targets else {}),
+    }
 
 
 def _check(spec, settings: Settings, groups: dict, rank: int, n: int, count: int, dtype, control) -> list[int]:

@@ -39,6 +39,25 @@ def backend_columns(label: str = "") -> tuple[Column, ...]:
     )
 
 
+def target_columns(record: dict[str, Any], label: str) -> tuple[Column, ...]:
+    """The profile's p50 and p99 per size for backend ``label`` when it replays a profile (docs/profile.md), under
+    a ``--- label: profile ---`` bar; none otherwise."""
+    targets = {
+        (t["collective"], t["size_bytes"]): t for t in record.get("profile_targets", []) if t["backend"] == label
+    }
+    if not targets:
+        return ()
+
+    def get(key: str):
+        return lambda r: targets[(r.collective, r.size_bytes)][key] if (r.collective, r.size_bytes) in targets else None
+
+    group = f"{label}: profile"
+    return (
+        Column("p50", "us", get("p50_us"), "{:.1f}", 10, group=group, missing="N/A"),
+        Column("p99", "us", get("p99_us"), "{:.1f}", 10, group=group, missing="N/A"),
+    )
+
+
 def ratio_column(label: str, raw: str) -> Column:
     """The ratio of backend ``label`` to the raw one (under a ``/raw`` bar)."""
     return Column(label, "x raw", lambda r: r.ratio, "{:.3f}", 8, group=f"/{raw}", missing="N/A")
@@ -95,6 +114,8 @@ def format_table(record: dict[str, Any]) -> str:
         schema: list[tuple[Column, str | None]] = [(c, None) for c in COMMON]
         for label in labels:
             schema += [(c, label) for c in backend_columns(label)]
+        for label in labels:
+            schema += [(c, label) for c in target_columns(record, label)]
         for label in labels:
             if raw and label != raw:
                 schema.append((ratio_column(label, raw), label))

@@ -1,0 +1,54 @@
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+
+#include "ops/OpTable.hpp"
+#include "stats/OpStats.hpp"
+
+namespace delaycomm {
+
+// delay_mode=match's online estimate of this machine's own latency per (op, size class) (docs/delay.md, "Match
+// mode"): what the caller experiences (GroupStats::recordCall: from the call until it sees the call complete)
+// minus the delay this rank injected, observed on the calls that no other rank held back.
+//
+// One estimate is a log-bucket histogram (ratio 1.04 from 100 ns to ~52 s; a quantile is interpolated within its
+// bucket), cumulative over the group's life. It answers nothing (-1) before kMinSamples observations: until then
+// delay_mode=match adds the whole target, as delay_mode=add would.
+//
+// Threads: record() from any thread (the caller's, Gloo's), quantileNs() from any thread; lock-free. The
+// estimates of one group are allocated on first use.
+class LatencyEstimate {
+ public:
+  static constexpr int kBuckets = 512;
+  static constexpr double kBase = 1.04;
+  static constexpr double kMinNs = 100.0;
+  static constexpr uint64_t kMinSamples = 16;
+
+  void record(int64_t ns);
+  // The q-quantile in ns, or -1 while fewer than kMinSamples were recorded.
+  int64_t quantileNs(double q) const;
+  uint64_t count() const { return total_.load(std::memory_order_relaxed); }
+
+ private:
+  std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
+  std::atomic<uint64_t> total_{0};
+};
+
+class LocalLatency : public OwnLatencySink {
+ public:
+  LocalLatency() = default;
+  ~LocalLatency() override;
+  LocalLatency(const LocalLatency&) = delete;
+  LocalLatency& operator=(const LocalLatency&) = delete;
+
+  // The estimate of (op, size class) (size classes: stats/Histogram.hpp's sizeClassOf).
+  LatencyEstimate& at(OpKind op, int sizeClass);
+  void record(OpKind op, int sizeClass, int64_t ns) override { at(op, sizeClass).record(ns); }
+
+ private:
+  std::array<std::atomic<LatencyEstimate*>, kNumOpKinds * kSizeClasses> estimates_{};
+};
+
+}  // namespace delaycomm

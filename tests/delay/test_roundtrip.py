@@ -1,0 +1,41 @@
+"""The round trip as a user runs it (bench/roundtrip.py; docs/delay.md, "Round trip"): job A records its stats under
+a heavy-tailed delay, `python -m delaycomm profile` builds a profile, job B replays it with delay_mode=match; B's
+latency per size, timed by the script's own clock, matches A's at p50 and p90. Real torchrun jobs, DELAYCOMM_*
+variables only."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.multiproc]
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.timeout(240)
+def test_a_recorded_job_is_replayed_in_match_mode(tmp_path):
+    out = tmp_path / "rt"
+    calls, warmup = 200, 10
+    cmd = [sys.executable, str(ROOT / "bench" / "roundtrip.py"), "--calls", str(calls), "--warmup", str(warmup)]
+    cmd += ["--out", str(out), "--jobs", "A,B", "--quantiles", "0.5,0.9"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=230)
+    log = (out / "jobs.log").read_text() if (out / "jobs.log").exists() else ""
+    assert p.returncode in (0, 1), p.stdout + p.stderr + log
+    result = json.loads((out / "result.json").read_text())
+    profile = json.loads((out / "profile.json").read_text())
+    assert profile  # the profile CLI built it from A's stats files
+    b = result["jobs"]["B"]
+    for size in ("1KiB", "4MiB"):
+        row = b["sizes"][size]
+        assert row["n"] == 2 * calls
+        for q in ("p50", "p90"):
+            assert abs(row[f"{q}_vs_A"]) <= 0.25, (size, q, result)
+    # Rank 0 carried every call of B (delay_ranks=0, delay_fraction=1); rank 1 injected nothing.
+    carried = sorted(s["calls"] for s in b["stats"].values())
+    assert carried == [0, 2 * (calls + warmup)], b["stats"]
+    assert result["verdict"] == "pass" and p.returncode == 0
