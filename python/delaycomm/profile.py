@@ -267,14 +267,14 @@ def main(args) -> int:
                 print("error: profile: -o PROFILE.json is required with stats files", file=sys.stderr)
                 return 2
             write(build(args.stats), args.output)
-            print(f"# wrote {args.output}", file=sys.stderr)
+            print(f"# wrote {args.output}", file=sys.stderr, flush=True)
         target = args.show or args.output
         if args.png:
             if not target:
                 print("error: profile: --png needs a profile (-o or --show)", file=sys.stderr)
                 return 2
             plot(target, args.png)
-            print(f"# wrote {args.png}", file=sys.stderr)
+            print(f"# wrote {args.png}", file=sys.stderr, flush=True)
         if args.show:
             print(format_profile(args.show))
         if not (args.stats or args.show):
