@@ -373,3 +373,87 @@ def test_the_agreement_waits_no_longer_than_the_group_timeout():
         "delaycomm's checks, leaves the others waiting"
     )
     assert seconds < 3 + 10  # the group's timeout, with room for a loaded machine
+
+
+# --- rank 0 hosts the store (env:// without torchrun, tcp://, mp.spawn) -------------------------------------------
+
+MISMATCH_ATTEMPTS, REJECTED_ATTEMPTS = 20, 2
+
+
+def _attempt(rank, world, seed):
+    """One rank of one job: init_process_group as an unmodified script calls it, then exit with what it raised."""
+    import torch.distributed as dist
+
+    os.environ["DELAYCOMM_SEED"] = seed
+    t0 = time.monotonic()
+    try:
+        dist.init_process_group("delaycomm", rank=rank, world_size=world, timeout=timedelta(seconds=30))
+    except ValueError as e:
+        return ("ValueError", str(e).splitlines()[0], time.monotonic() - t0)
+    except Exception as e:  # noqa: BLE001 - the type is the point
+        return (type(e).__name__, str(e)[:300], time.monotonic() - t0)
+    dist.destroy_process_group()
+    return ("created", None, time.monotonic() - t0)
+
+
+def _store_on_rank0(rank, world, ports):
+    """Per attempt, a job as mp.spawn or a hand-started env:// job runs it: rank 0 hosts the TCPStore, one rank's
+    seed differs (each rank in turn; invalid on the last attempts), and each rank is a process that exits as soon
+    as init_process_group raises, rank 0's store with it. Each attempt's rank is a child forked from this rank
+    (torch already imported, no thread started), so 22 jobs cost seconds."""
+    import json
+
+    out = []
+    for i, port in enumerate(ports):
+        odd = i % world
+        rejected = i >= len(ports) - REJECTED_ATTEMPTS
+        seed = ("-1" if rejected else "7") if rank == odd else "3"
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the job's rank
+            os.close(read)
+            os.environ["MASTER_PORT"] = str(port)
+            try:
+                result = _attempt(rank, world, seed)
+            except BaseException as e:  # noqa: BLE001 - reported, never raised in the child
+                result = ("child failed", repr(e), 0.0)
+            os.write(write, json.dumps(result).encode())
+            os._exit(0)
+        os.close(write)
+        with os.fdopen(read) as f:
+            text = f.read()
+        os.waitpid(pid, 0)
+        out.append(tuple(json.loads(text)) if text else ("no report", None, 0.0))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_every_rank_gets_the_error_when_rank_0_hosts_the_store():
+    # Before: the last rank through the agreement raised at once; when that was rank 0, its store went with it
+    # and ranks still reading got `DistNetworkError: Failed to recv` (3 of 12 runs at 4 ranks) instead.
+    import socket
+
+    socks = [socket.socket() for _ in range(MISMATCH_ATTEMPTS + REJECTED_ATTEMPTS)]
+    for s in socks:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in socks]
+    for s in socks:
+        s.close()
+    world = 4
+    res = run_procs(_store_on_rank0, world, ports, timeout=240, env={"TORCHELASTIC_USE_AGENT_STORE": "False"})
+    network = [(i, r, res[r][i]) for i in range(len(ports)) for r in range(world) if res[r][i][0] != "ValueError"]
+    assert not network, f"{len(network)} of {len(ports) * world} rank attempts did not get the ValueError: {network}"
+    for i in range(len(ports)):
+        got = [res[r][i] for r in range(world)]
+        first_lines = {line for _, line, _ in got}
+        odd = i % world
+        if i >= len(ports) - REJECTED_ATTEMPTS:
+            others = re.sub(r"group '\d+'", "group 'G'", next(line for r, (_, line, _) in enumerate(got) if r != odd))
+            assert others == (
+                f"delaycomm: group 'G' cannot be created: the options of rank {odd} were rejected (every rank of "
+                "the group raises this error):"
+            ), got
+            assert got[odd][1].startswith("delaycomm: invalid value '-1' for option 'seed'"), got
+        else:
+            assert len(first_lines) == 1, got

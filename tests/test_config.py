@@ -109,7 +109,8 @@ _BYTES = (
 )
 _STATS = (
     "expected 'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
-    "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')"
+    "placeholders {rank}, {group} and {restart} name the rank, the group and torchrun's restart (see "
+    "docs/config.md, 'Stats files')"
 )
 _SPECS = (
     "expected a delay spec: none, const:50ms, exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms"
@@ -154,6 +155,12 @@ BAD = [
     ("stats", "/no/such/dir/x.json", "the directory '/no/such/dir' does not exist; " + _STATS),
     ("stats", "s-{pid}.json", "unknown placeholder {pid}; " + _STATS),
     ("stats", "s-{rank.json", "unbalanced braces (write {{ and }} for literal ones); " + _STATS),
+    (
+        "stats",
+        "r{rank}/../stats.json",
+        "'..' cancels the directory that holds {rank} (the path is 'stats.json' whatever the value), so the files "
+        "would collide; " + _STATS,
+    ),
 ]
 
 # Defect 7 of issue 10: values that overflow the native type they become, or pass a bound that keeps the
@@ -457,3 +464,88 @@ def test_readme_says_which_options_must_match():
         row = next(line for line in readme.splitlines() if line.startswith(f"| `{opt.name}` | `{opt.env}` |"))
         last = row.rstrip(" |").rsplit("|", 1)[1].strip()
         assert last.startswith("yes" if opt.must_match else "no"), (opt.name, last)
+
+
+# --- equivalent values, global ranks, edges of messages (issue 18) -----------------------------------------------
+
+
+def _keys(cfg, members):
+    from delaycomm._agree import canonical_options
+
+    return {k: v["key"] for k, v in canonical_options(cfg, members).items()}
+
+
+def test_equivalent_values_have_one_canonical_key():
+    zero, minus_zero = resolve(DelayConfig(delay_fraction=0.0), env={}), resolve(DelayConfig(delay_fraction=-0.0))
+    assert math.copysign(1.0, minus_zero.delay_fraction) == 1.0  # the parsed value is 0.0
+    assert _keys(zero, [0, 1]) == _keys(minus_zero, [0, 1])
+    assert _keys(resolve(env={"DELAYCOMM_DELAY_FRACTION": "-0"}), [0, 1]) == _keys(zero, [0, 1])
+    # delay_ranks and slowdown: what they do to this group's members (global ranks)
+    every, both = resolve(DelayConfig(delay_ranks="all"), env={}), resolve(DelayConfig(delay_ranks="0,1"), env={})
+    assert _keys(every, [0, 1]) == _keys(both, [0, 1])
+    assert _keys(every, [0, 1, 2]) != _keys(both, [0, 1, 2])  # rank 2 is delayed by one of them only
+    assert _keys(resolve(DelayConfig(delay_ranks="0,3"), env={}), [0, 1]) == _keys(
+        resolve(DelayConfig(delay_ranks="0"), env={}), [0, 1]
+    )
+    slow3, none = resolve(DelayConfig(slowdown="3:2x"), env={}), resolve(env={})
+    assert _keys(slow3, [0, 1]) == _keys(none, [0, 1]) and _keys(slow3, [2, 3]) != _keys(none, [2, 3])
+
+
+def test_ranks_are_global_in_the_native_options_of_a_subgroup():
+    import warnings
+    from datetime import timedelta
+
+    from delaycomm import _C
+    from delaycomm._backend import _check_group_config, _fill_delay_options, group_seed
+
+    cfg = resolve(DelayConfig(delay="const:1ms", delay_ranks="0,3", slowdown="3:2x,0:4x", seed=5), env={})
+
+    def native(rank, members, every_rank=False):
+        n = _C.BackendOptions()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            _fill_delay_options(n, cfg, rank, timedelta(seconds=30), members, every_rank=every_rank)
+        return n.delay_ranks, n.delay_fraction, n.slowdown, n.seed
+
+    assert native(1, [2, 3]) == ([1], 0.3, 2.0, group_seed(5, [2, 3]))  # global 3 is group rank 1
+    assert native(0, [1, 2]) == ([], 0.0, 1.0, group_seed(5, [1, 2]))  # no member named: no delay at all
+    assert native(1, [0, 3]) == ([], 0.3, 2.0, group_seed(5, [0, 3]))  # every member named: all
+    assert native(3, [0, 1, 2, 3], every_rank=True) == ([0, 3], 0.3, 2.0, 5)  # every rank: the seed as given
+    assert len({group_seed(5, [0, 1]), group_seed(5, [2, 3]), group_seed(6, [0, 1]), 5}) == 4
+    assert 0 <= group_seed(2**63 - 1, list(range(1000))) < 2**63
+    _check_group_config(cfg, 4, False)  # ranks 0 and 3 exist in a job of 4
+    with pytest.raises(ValueError) as info:
+        _check_group_config(cfg, 3, False)
+    assert str(info.value) == (
+        "delaycomm: invalid value '0,3' for option 'delay_ranks' from the keyword delay_ranks= of DelayConfig: "
+        "rank 3 not in a job of 3 ranks; expected global ranks in [0, 3)"
+    )
+
+
+def test_a_nul_byte_in_stats_names_the_option_and_the_source():
+    with pytest.raises(ValueError) as info:
+        DelayConfig(stats="/tmp/s\0.json")
+    assert str(info.value) == (
+        "delaycomm: invalid value '/tmp/s\\x00.json' for option 'stats' from the keyword stats= of DelayConfig: the "
+        "path has a NUL byte (at character 7); " + _STATS
+    )
+
+
+@pytest.mark.parametrize("name", ["delay", "delay_ranks", "slowdown", "staleness", "stats", "nccl_algo"])
+def test_a_huge_bad_value_is_shortened_in_the_message(name):
+    value = "x" * (1 << 20) + "{"  # 1 MiB, and not a valid value of any option
+    with pytest.raises(ValueError) as info:
+        resolve(env={"DELAYCOMM_" + name.upper(): value})
+    message = str(info.value)
+    assert len(message) < 2000, len(message)
+    assert message.startswith("delaycomm: invalid value 'xxxx") and f"option '{name}'" in message
+    assert f"[{len(value) + 2 - 200} of {len(value) + 2} characters left out]" in message
+    assert "expected" in message  # what is accepted is kept
+
+
+def test_a_trace_file_may_start_with_a_byte_order_mark(tmp_path):
+    marked, plain = tmp_path / "marked.txt", tmp_path / "plain.txt"
+    marked.write_bytes("\ufeff5ms\n7ms\n".encode())
+    plain.write_text("5ms\n7ms\n")
+    cfg = resolve(env={"DELAYCOMM_DELAY": f"trace:{marked}"})
+    assert _keys(cfg, [0])["delay"] == _keys(resolve(env={"DELAYCOMM_DELAY": f"trace:{plain}"}), [0])["delay"]

@@ -74,7 +74,7 @@ DelayBackend::~DelayBackend() {
 }
 
 c10::intrusive_ptr<c10d::Backend::Options> DelayBackend::getBackendOptions() {
-  return c10::make_intrusive<c10d::Backend::Options>("delaycomm", options_.timeout);
+  return c10::make_intrusive<c10d::Backend::Options>("delaycomm", injector_->timeout());
 }
 
 c10::intrusive_ptr<c10d::Backend> DelayBackend::innerBackend(c10::DeviceType type) const {
@@ -218,7 +218,7 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
             return b._reduce_scatter_base(shard, local, sumOpts);
           },
           true, /*applyDelay=*/false);
-      work->wait(options_.timeout);
+      work->wait(injector_->timeout());
       out.emplace_back(key, shard);
       continue;
     }
@@ -228,7 +228,7 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
         OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
         [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
         /*applyDelay=*/false);
-    work->wait(options_.timeout);
+    work->wait(injector_->timeout());
     out.emplace_back(key, local);
   }
   return out;

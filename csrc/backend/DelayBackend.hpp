@@ -141,6 +141,27 @@ class DelayBackend : public c10d::Backend {
   void abort() override;
   void shutdown() override;
 
+  // Forwarded to the inner backends, as c10d's ProcessGroupWrapper forwards to the backend it wraps
+  // (DelayForward.cpp). Both (Gloo and NCCL implement them): setTimeout(), which also bounds delaycomm's own waits
+  // of the ops called after it (DelayInjector::timeout()), and enableCollectivesTiming() (then a work's
+  // getDuration() is its inner work's). The NCCL backend's only, when the group has one (else c10d's "does not
+  // support" error naming delaycomm): waitForPendingWorks, getError, getMemAllocator, allocateTensor (CUDA
+  // options), supportsTensorAlloc, eagerConnectSingleDevice (a CUDA device), suspend, resume, getMemoryStats.
+  // NOTE: registerOnCompletionHook is not forwarded: c10d's destroy waits for pending hooks only when the
+  // group's own backend has one (Backend::hasHooks() is not virtual), so hooks on the inner NCCL backend could
+  // run after the interpreter has gone.
+  void setTimeout(std::chrono::milliseconds timeout) override;
+  void enableCollectivesTiming() override;
+  void waitForPendingWorks() override;
+  c10d::ErrorType getError() override;
+  std::shared_ptr<c10::Allocator> getMemAllocator() override;
+  at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
+  bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
+  void eagerConnectSingleDevice(at::Device device) override;
+  void suspend() override;
+  void resume() override;
+  std::unordered_map<std::string, uint64_t> getMemoryStats() override;
+
   // Staleness (when configured): a SUM/AVG all-reduce of one floating tensor under an explicit key (DDP hook),
   // and flush(): delivers every pending contribution, one SUM all-reduce per key with any pending anywhere (one
   // SUM reduce-scatter for a reduce-scatter stream, which delivers this rank's shard) (collective: every rank

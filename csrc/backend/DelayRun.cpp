@@ -74,7 +74,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c1
     work->watch();
     return work;
   }
-  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, options_.timeout, 0, call);
+  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, injector_->timeout(), 0, call);
   work->attach(std::move(innerWork));
   return work;
 }

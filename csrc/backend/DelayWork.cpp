@@ -1,9 +1,16 @@
 #include "backend/DelayWork.hpp"
 
+#include <pthread.h>
+
+#include <system_error>
+#include <thread>
+
+#include <ATen/Parallel.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
 #include "delay/DelayTimeout.hpp"
+#include "delay/IssuerThread.hpp"
 
 namespace delaycomm {
 
@@ -15,6 +22,37 @@ c10d::OpType opTypeOf(OpKind op) {
 
 double nsSince(Clock::time_point t0) {
   return static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+}
+
+// Completions handed to torch's inter-op pool that have not finished (queued or running), in this process.
+std::atomic<size_t> pooledCompletions{0};
+
+// Runs `complete` (it completes a future, whose callbacks are user code) off the calling thread, a thread that
+// releases held-back ops (see DelayWorkCpu's Threads): on torch's inter-op pool (at::launch). A callback that
+// blocks holds its pool thread, and may wait for a future that a later completion completes: that completion must
+// never queue behind it. So when as many completions as the pool has threads are still unfinished, this one gets
+// a thread of its own, which ends when its callbacks return.
+void completeOffThisThread(std::function<void()> complete) {
+  struct Done {
+    ~Done() { pooledCompletions.fetch_sub(1, std::memory_order_acq_rel); }
+  };
+  if (pooledCompletions.fetch_add(1, std::memory_order_acq_rel) < at::get_num_interop_threads()) {
+    at::launch([complete = std::move(complete)] {
+      Done done;
+      complete();
+    });
+    return;
+  }
+  pooledCompletions.fetch_sub(1, std::memory_order_acq_rel);
+  auto run = std::make_shared<std::function<void()>>(std::move(complete));
+  try {
+    std::thread([run] {
+      pthread_setname_np(pthread_self(), "dc-callbacks");
+      (*run)();
+    }).detach();
+  } catch (const std::system_error&) {
+    at::launch([run] { (*run)(); });  // no thread to be had: the pool, late rather than never
+  }
 }
 
 }  // namespace
@@ -107,11 +145,21 @@ void DelayWorkCpu::settleFuture(const c10::IValue& value, std::exception_ptr err
     }
     futureSettled_ = true;
   }
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(value);
+  auto complete = [future = future_, value, error] {
+    if (error) {
+      future->setError(error);
+    } else {
+      future->markCompleted(value);
+    }
+  };
+  if (IssuerThread::releasingHere()) {
+    // NOTE: completing the future runs its callbacks inline, and they are user code: a DDP comm hook's next stage
+    // (PowerSGD's) issues a collective and waits for it, which on this thread would wait for the very thread it
+    // blocks.
+    completeOffThisThread(std::move(complete));
+    return;
   }
+  complete();
 }
 
 bool DelayWorkCpu::waitAttached(std::chrono::milliseconds timeout) {
@@ -245,6 +293,13 @@ void DelayWorkCpu::abort() {
 
 c10::intrusive_ptr<c10::ivalue::Future> DelayWorkCpu::getFuture() {
   return future_;
+}
+
+float DelayWorkCpu::getDuration() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  TORCH_CHECK(inner_, "delaycomm: ", opName(op_), ": getDuration() is known once the op was issued (sequence number ",
+              seq_, ")");
+  return inner_->getDuration();
 }
 
 // ---------------------------------------------------------------------------------------------------------------

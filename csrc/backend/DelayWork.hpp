@@ -36,7 +36,12 @@ using Clock = std::chrono::steady_clock;
 // the op has none, exactly as the inner backend would.
 //
 // Threads: attach()/fail() are called once, from the issuing thread; expire() from the issuer thread; every
-// other method from any thread.
+// other method from any thread. The own future completes on the inner backend's thread that completes the inner
+// future (as the inner backend's own futures do), or on the thread that waits (no inner future), but never on a
+// thread that releases held-back ops (delay/IssuerThread.hpp: its callbacks are user code that may issue a
+// collective and wait for it): there, when the inner op completed before it was attached, or when the op failed,
+// expired or was cancelled, torch's inter-op pool (at::launch) completes it, or a thread of its own (dc-callbacks)
+// when every pool thread may be held by a blocking callback handed to it before (docs/core.md "Threads").
 class DelayWorkCpu : public c10d::Work {
  public:
   DelayWorkCpu(OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats, Clock::time_point issuedAt,
@@ -61,6 +66,7 @@ class DelayWorkCpu : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void abort() override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  float getDuration() const override;  // the inner work's (enableCollectivesTiming), once the op was issued
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
@@ -69,7 +75,8 @@ class DelayWorkCpu : public c10d::Work {
   // waitAttached() bounded by `timeout`, or by the group's timeout when none is given; raises on expiry.
   void waitAttachedOrThrow(std::chrono::milliseconds timeout, const char* method);
   void recordCompletion(bool ok);
-  // Completes the own future once: with `value`, or with `error` when set. Whoever comes first wins.
+  // Completes the own future once: with `value`, or with `error` when set. Whoever comes first wins. On a thread
+  // that releases held-back ops, the inter-op pool completes it (see Threads above).
   void settleFuture(const c10::IValue& value, std::exception_ptr error);
   // The text of the held-back timeout, `heldMs` after the call.
   std::string heldBackCause(int64_t heldMs) const;
@@ -119,6 +126,7 @@ class DirectWorkCpu : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  float getDuration() const override { return inner_->getDuration(); }
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
@@ -156,6 +164,7 @@ class DelayWorkCuda : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   void abort() override { inner_->abort(); }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return inner_->getFuture(); }
+  float getDuration() const override { return inner_->getDuration(); }
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:

@@ -26,7 +26,7 @@ int64_t injectorNowNs() {
 }  // namespace
 
 DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::shared_ptr<GroupStats> stats)
-    : rank_(rank), options_(std::move(options)), stats_(std::move(stats)) {
+    : rank_(rank), options_(std::move(options)), stats_(std::move(stats)), timeoutMs_(options_.timeout.count()) {
   TORCH_INTERNAL_ASSERT(options_.slowdown >= 1.0, "delaycomm: DelayInjector: slowdown must be >= 1, got ",
                         options_.slowdown);
   DelaySpec spec;
@@ -118,7 +118,7 @@ void DelayInjector::applySlowdown(OpKind op, uint64_t seq, InjectorClock::time_p
   throwIfClosed(woke, op, seq, what.c_str());
   if (woke == HostSleeper::Woke::kDeadline) {
     stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
-    throwDelayTimeout(opName(op), seq, "the call", options_.timeout, true, c10::str("held back by ", what));
+    throwDelayTimeout(opName(op), seq, "the call", timeout(), true, c10::str("held back by ", what));
   }
   auto& h = stats_->host();
   h.slowdownCalls.fetch_add(1, std::memory_order_relaxed);
@@ -127,7 +127,7 @@ void DelayInjector::applySlowdown(OpKind op, uint64_t seq, InjectorClock::time_p
 
 DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
   // Every wait this call adds on the calling thread (slowdown, host delay) ends by the group's timeout.
-  const auto callDeadline = addSaturated<InjectorClock>(InjectorClock::now(), options_.timeout);
+  const auto callDeadline = addSaturated<InjectorClock>(InjectorClock::now(), timeout());
   const bool slow = options_.slowdown > 1.0;
   // Slowdown measures the time between ops from the moment each returns to its caller (or fails).
   struct ReturnStamp {
@@ -155,7 +155,7 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
       throwIfClosed(woke, op.kind, op.seq, what.c_str());
       if (woke == HostSleeper::Woke::kDeadline) {
         s.errors.fetch_add(1, std::memory_order_relaxed);
-        throwDelayTimeout(opName(op.kind), op.seq, "the call", options_.timeout, true,
+        throwDelayTimeout(opName(op.kind), op.seq, "the call", timeout(), true,
                           c10::str("held back on the calling thread by ", what));
       }
     }
@@ -170,7 +170,7 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (networkDelayNs > 0) {
 #ifdef DELAYCOMM_WITH_CUDA
-      issueWithGpuDelay(op.device, boundedGpuDelayNs(networkDelayNs, options_.timeout),
+      issueWithGpuDelay(op.device, boundedGpuDelayNs(networkDelayNs, timeout()),
                         /*joinCurrentStream=*/!op.asyncOp, [&] { innerWork = issue(true); });
 #else
       TORCH_CHECK(false, "delaycomm: ", opName(op.kind),
@@ -197,7 +197,7 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       return {std::move(innerWork), false, calledAt, enteredAt};
     }
   }
-  auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, options_.timeout,
+  auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, timeout(),
                                                 networkDelayNs, CallTiming{sizeClassOf(op.bytes), enteredAt});
   const OpKind kind = op.kind;
   issuer_->submit(
@@ -215,7 +215,7 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       },
       [work](std::exception_ptr error) { work->fail(error); },
       // Still held back at the call time + the group's timeout: the work fails with the timeout error.
-      addSaturated<InjectorClock>(calledAt, options_.timeout), [work] { work->expire(); });
+      addSaturated<InjectorClock>(calledAt, timeout()), [work] { work->expire(); });
   return {std::move(work), true, calledAt, enteredAt};
 }
 

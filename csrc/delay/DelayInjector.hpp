@@ -48,8 +48,8 @@ class DelayInjector {
     std::vector<OpKind> ops;     // delayed ops; empty = every delayable op
     DelayWhere where = DelayWhere::kNetwork;
     uint64_t seed = 0;
-    double slowdown = 1.0;  // this rank's compute slowdown K (>= 1)
-    std::chrono::milliseconds timeout{std::chrono::minutes(30)};
+    double slowdown = 1.0;                                        // this rank's compute slowdown K (>= 1)
+    std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // the initial timeout()
     std::string groupName;
   };
 
@@ -91,6 +91,12 @@ class DelayInjector {
   int64_t delayNsFor(OpKind op, uint64_t seq, int64_t bytes = -1) const;
   // CPU ops queued in (or being issued by) the issuer thread.
   size_t pending() const { return issuer_ ? issuer_->pending() : 0; }
+  // The group's timeout: bounds every wait of run() and a held-back op's expiry. setTimeout() (c10d's, from any
+  // thread) applies to the ops called after it.
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(timeoutMs_.load(std::memory_order_relaxed));
+  }
+  void setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(timeout.count(), std::memory_order_relaxed); }
 
   // The one entry point (see above).
   Issued run(const Op& op, Issue issue);
@@ -115,6 +121,7 @@ class DelayInjector {
   std::unique_ptr<IssuerThread> issuer_;   // CPU network delay only
   HostSleeper hostSleeper_;                // host delay and slowdown; closed by close() and abort()
   std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
+  std::atomic<int64_t> timeoutMs_;         // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };
 

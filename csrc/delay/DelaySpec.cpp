@@ -348,7 +348,8 @@ std::string traceFileError(const std::string& path, std::vector<double>* values)
     return why;
 
   size_t lineNo = 0;
-  size_t pos = 0;
+  // A UTF-8 byte order mark (written by some Windows editors) is skipped, as most tools do (docs/delay.md).
+  size_t pos = data.rfind("\xEF\xBB\xBF", 0) == 0 ? 3 : 0;
   while (pos < data.size()) {
     size_t end = data.find('\n', pos);
     if (end == std::string::npos)

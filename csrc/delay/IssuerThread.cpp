@@ -68,6 +68,25 @@ bool HostSleeper::closed() const {
 // ---------------------------------------------------------------------------------------------------------------
 // IssuerThread
 
+namespace {
+
+// How many releasing scopes the calling thread is in (nested: a drain may cancel, an expiry may run in a drain).
+thread_local int tlsReleasing = 0;
+
+// Marks the calling thread as releasing held-back ops for the scope's lifetime (IssuerThread::releasingHere()).
+struct ReleasingScope {
+  ReleasingScope() { ++tlsReleasing; }
+  ~ReleasingScope() { --tlsReleasing; }
+  ReleasingScope(const ReleasingScope&) = delete;
+  ReleasingScope& operator=(const ReleasingScope&) = delete;
+};
+
+}  // namespace
+
+bool IssuerThread::releasingHere() {
+  return tlsReleasing > 0;
+}
+
 IssuerThread::IssuerThread(std::string name) : name_(std::move(name)), state_(std::make_shared<State>()) {
   const std::string threadName = name_.substr(0, 15);  // before the thread exists: nothing may throw after
   // NOTE: the thread owns a reference to the state, never to this object (see stop()).
@@ -106,6 +125,7 @@ void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel c
   }
   // The group is shutting down (the thread has drained or is draining): issue whatever is queued (this item
   // included) right here, in order, one issuer at a time.
+  ReleasingScope releasing;
   while (true) {
     s.cv.wait(lock, [&s] { return !s.busy; });
     if (s.queue.empty())
@@ -122,6 +142,7 @@ void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel c
 }
 
 void IssuerThread::loop(const std::shared_ptr<State>& state) {
+  ReleasingScope releasing;  // for the thread's whole life
   State& s = *state;
   std::unique_lock<std::mutex> lock(s.mutex);
   while (true) {
@@ -205,6 +226,7 @@ void IssuerThread::stop() {
   // task ran): it cannot join itself. Issue what is queued now, in order (this thread is the issuer, and the task
   // that called us has already issued its op), so that nothing queued runs after this object is gone; the loop
   // then finds the queue empty and returns, touching only the shared state.
+  ReleasingScope releasing;
   std::unique_lock<std::mutex> lock(s.mutex);
   while (!s.queue.empty()) {
     Item it = popFrontLocked(s);
@@ -223,6 +245,7 @@ void IssuerThread::cancelAll(std::exception_ptr error) {
     state_->expired = 0;
   }
   state_->cv.notify_all();
+  ReleasingScope releasing;
   for (auto& it : cancelled) {
     if (it.cancel)
       it.cancel(error);

@@ -50,6 +50,12 @@ class HostSleeper {
 // Threads: submit()/runInlineIfIdle() from any thread (the callers); tasks and expire callbacks run on the issuer
 // thread (never under its lock), or tasks inline on the caller when nothing is queued. Callbacks must not throw:
 // they report their errors to their work.
+// User code never runs while ops are being released: every task, expire and cancel callback runs with
+// releasingHere() true on its thread (the issuer thread throughout; any other thread while it issues or cancels
+// queued ops: a submit() at shutdown, cancelAll()), and whatever would run user code from there (completing a
+// work's future runs its callbacks inline) hands it to another thread instead (backend/DelayWork.hpp,
+// docs/core.md "Threads"). A user callback that issues a collective and waits for it would otherwise wait for the
+// very thread it blocks.
 // Lifecycle: stop() (or the destructor) issues every queued op at once, in order, then joins the thread; cancelAll()
 // fails the queued ops instead (abort). stop() may be called from any thread, concurrently, more than once; called
 // from a task on the issuer thread itself, it cannot join: the thread then finishes on its own once the queue is
@@ -80,6 +86,8 @@ class IssuerThread {
   size_t pending() const;
   // Whether the thread's loop has returned (after stop()).
   bool finished() const;
+  // Whether the calling thread is releasing held-back ops (of any group) right now: see "User code" above.
+  static bool releasingHere();
 
  private:
   struct Item {

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from delaycomm._config import OPTIONS, EffectiveConfig, format_value
+from delaycomm._config import OPTIONS, EffectiveConfig, format_value, shorten
 
 __all__ = ["agree", "canonical_options"]
 
@@ -46,22 +46,33 @@ def _delay_key(text: str) -> tuple[str, str]:
     return json.dumps([d["family"], params]), text
 
 
-def canonical_options(cfg: EffectiveConfig) -> dict[str, dict[str, str]]:
+def canonical_options(cfg: EffectiveConfig, members: list[int]) -> dict[str, dict[str, str]]:
     """Option name -> {"key", "shown", "origin"} for each option that must match across ranks.
 
-    ``key`` compares values (equal keys: the same effective value), ``shown`` is the value for people, ``origin``
-    where it came from.
+    ``key`` compares values (equal keys: the same effective value in this group), ``shown`` is the value for
+    people, ``origin`` where it came from. ``members`` are the group's global ranks: ``delay_ranks`` and
+    ``slowdown`` name global ranks, so their key is what they do to this group's members (``all`` and ``0,1`` are
+    one value in the group of ranks 0 and 1).
     """
     out = {}
     for opt in OPTIONS:
         if not opt.must_match:
             continue
         value = cfg.values[opt.name]
+        shown = format_value(opt.name, value)
         if opt.name == "delay" and value != "none":
             key, shown = _delay_key(value)
+        elif opt.name == "delay_ranks":
+            key = json.dumps([r for r in members if value is None or r in value])
+        elif opt.name == "slowdown":
+            key = json.dumps([[r, f] for r, f in value if r in members])
         else:
-            key, shown = json.dumps(value), format_value(opt.name, value)
-        out[opt.name] = {"key": key, "shown": shown, "origin": cfg.origins.get(opt.name, cfg.sources[opt.name])}
+            key = json.dumps(value)
+        out[opt.name] = {
+            "key": key,
+            "shown": shorten(shown),
+            "origin": cfg.origins.get(opt.name, cfg.sources[opt.name]),
+        }
     return out
 
 
@@ -142,7 +153,7 @@ def agree(
     payload: dict[str, Any] = {}
     if error is None:
         try:
-            options = canonical_options(cfg)  # reads a trace file again: it may have changed since
+            options = canonical_options(cfg, global_ranks)  # reads a trace file again: it may have changed since
         except ValueError as e:
             error = e
         else:
@@ -183,20 +194,23 @@ def agree(
     wait([f"{gen}/verdict"], "compare their options")
     failed = s.add(f"{gen}/bad", 0) > 0
     payloads = [json.loads(v) for v in s.multi_get(keys)] if failed else []
-    # The last rank through removes the generation's keys (success) or releases the others (failure): a failing
-    # rank 0 may host the store and must not exit before every rank has read the payloads.
-    if s.add(f"{gen}/done", 1) == size:
-        if failed:
-            s.set(f"{gen}/released", "1")
-        else:
-            for k in keys + [f"{gen}/{n}" for n in ("bad", "checked", "verdict", "done")]:
-                try:
-                    s.delete_key(k)
-                except Exception:  # noqa: BLE001 - a store without delete_key keeps a few hundred bytes
-                    pass
+    # The last rank through removes the generation's keys. On a failure every rank raises as soon as it has read
+    # what it needs, except group rank 0: it waits (bounded by the timeout) until every rank has, since it may host
+    # the TCPStore (env://, tcp://, mp.spawn: global rank 0, which is group rank 0 of any group holding it), and a
+    # store that vanishes while another rank still reads gives that rank a network error instead of this one.
+    last = s.add(f"{gen}/done", 1) == size
+    if last and failed:
+        s.set(f"{gen}/released", "1")
+    elif last:
+        for k in keys + [f"{gen}/{n}" for n in ("bad", "checked", "verdict", "done")]:
+            try:
+                s.delete_key(k)
+            except Exception:  # noqa: BLE001 - a store without delete_key keeps a few hundred bytes
+                pass
     if not failed:
         return
-    wait([f"{gen}/released"], "read the options")
+    if rank == 0:
+        wait([f"{gen}/released"], "read the options")
     if error is not None:
         raise error
     errors = [(global_ranks[r], p["error"]) for r, p in enumerate(payloads) if "error" in p]

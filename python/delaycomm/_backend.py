@@ -2,31 +2,22 @@
 
 from __future__ import annotations
 
-import atexit
+import hashlib
 import json
 import logging
-import os
-import threading
 import warnings
-import weakref
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _nccl, _ops, _registry
+from delaycomm import _C, _nccl, _ops, _registry, _statsfile
 from delaycomm._agree import agree
-from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve, stats_file
-from delaycomm._stats import group_stats
+from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve
 
 logger = logging.getLogger("delaycomm")
 
-__all__ = ["create_backend", "register", "stats_target"]
-
-_lock = threading.Lock()
-# Group name -> stats path of the live groups whose stats are still to be written: at destroy, or at interpreter
-# exit for a group never destroyed (PyTorch Lightning, and many scripts, exit without destroy_process_group).
-_stats_due: dict[str, str] = {}
+__all__ = ["create_backend", "register"]
 
 
 def register() -> None:
@@ -62,14 +53,15 @@ def create_backend(dist_opts, pg_options):
     rank, size, timeout = dist_opts.group_rank, dist_opts.group_size, dist_opts.timeout
     group_name = str(dist_opts.group_id)
     has_nccl = torch.cuda.is_available() and dist.is_nccl_available()
-    cfg, stats_path, error = None, None, None
+    members, world = _global_ranks(dist_opts), _world_size(dist_opts)
+    cfg, stats, error = None, None, None
     try:
         cfg = resolve(pg_options)
-        _check_group_config(cfg, rank, size, has_nccl)
-        stats_path = stats_target(cfg, dist_opts)
+        _check_group_config(cfg, world, has_nccl)
+        stats = _statsfile.target(cfg, dist_opts, members, world)
     except ValueError as e:
         error = e
-    agree(store, rank, size, timeout, group_name, _global_ranks(dist_opts), cfg, error)
+    agree(store, rank, size, timeout, group_name, members, cfg, error)
 
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("delaycomm/gloo/", store), rank, size, timeout)
     nccl = _nccl.make_group(store, rank, size, timeout, dist_opts, cfg)
@@ -77,17 +69,13 @@ def create_backend(dist_opts, pg_options):
     native = _C.BackendOptions()
     native.timeout = timeout
     native.group_name = group_name
-    _fill_delay_options(native, cfg, rank, timeout)
+    _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)))
     _fill_stale_options(native, cfg, store)
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
     _registry.add(group_name, backend, cfg)
-    backend_ref = weakref.ref(backend)  # the hook must not keep its own backend alive
-    backend._set_shutdown_hook(lambda: _on_shutdown(group_name, stats_path, backend_ref()))
-    if stats_path is not None:
-        with _lock:
-            _stats_due[group_name] = stats_path
+    _statsfile.arm(group_name, stats, backend)
     logger.info(
         "delaycomm: group %r rank %d/%d: %s",
         group_name,
@@ -115,16 +103,37 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 
-def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timedelta) -> None:
+def _fill_delay_options(
+    native,
+    cfg: EffectiveConfig,
+    rank: int,
+    timeout: timedelta,
+    members: list[int] | None = None,
+    every_rank: bool = True,
+) -> None:
     """Copy the delay options (validated by _config) into the native BackendOptions, typed; warn when the tail
-    reaches the group's timeout."""
+    reaches the group's timeout.
+
+    ``delay_ranks`` and ``slowdown`` name global ranks (docs/config.md, "Ranks"); ``members`` are the group's
+    global ranks (None: the default group, whose ranks are global), so the native options get the group ranks of
+    the members named, and this rank's own slowdown. A group that is not every rank of the job in order draws its
+    schedule from the seed mixed with its members: two disjoint subgroups with one seed do not delay in lockstep.
+    """
+    members = list(members) if members is not None else None
     native.delay = cfg.delay
     native.delay_fraction = cfg.delay_fraction if cfg.delay != "none" else 0.0
-    native.delay_ranks = list(cfg.delay_ranks) if cfg.delay_ranks is not None else []
+    if cfg.delay_ranks is None or members is None:
+        native.delay_ranks = list(cfg.delay_ranks) if cfg.delay_ranks is not None else []
+    else:
+        delayed = [i for i, r in enumerate(members) if r in cfg.delay_ranks]
+        # The native list names group ranks, empty = all: no member named means no delay in this group.
+        native.delay_ranks = [] if len(delayed) == len(members) else delayed
+        if not delayed:
+            native.delay_fraction = 0.0
     native.delay_ops = [_ops.BY_NAME[name].kind for name in cfg.delay_ops] if cfg.delay_ops is not None else []
     native.delay_where = _DELAY_WHERE[cfg.delay_where]
-    native.seed = cfg.seed
-    native.slowdown = dict(cfg.slowdown).get(rank, 1.0)
+    native.seed = cfg.seed if every_rank or members is None else group_seed(cfg.seed, members)
+    native.slowdown = dict(cfg.slowdown).get(members[rank] if members is not None else rank, 1.0)
     if cfg.delay == "none" or native.delay_fraction == 0.0:
         return
     p9999 = _C.DelaySampler(cfg.delay).quantile(0.9999)
@@ -138,26 +147,34 @@ def _fill_delay_options(native, cfg: EffectiveConfig, rank: int, timeout: timede
         )
 
 
-def _check_group_config(cfg: EffectiveConfig, rank: int, size: int, has_nccl: bool) -> None:
-    """Checks that need the group (rank numbers) and options whose engines are not in this build."""
+def group_seed(seed: int, members: list[int]) -> int:
+    """The seed of a group that is not every rank of the job: ``seed`` mixed with the group's global ranks
+    (SHA-256, 63 bits), the same on every member (docs/config.md, "Ranks")."""
+    digest = hashlib.sha256(json.dumps([seed, sorted(members)]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+def _check_group_config(cfg: EffectiveConfig, world: int, has_nccl: bool) -> None:
+    """Checks that need the job (rank numbers against the world size) and options whose engines are not in this
+    build. Ranks name global ranks: one outside the group is fine, one outside the job is a mistake."""
     if cfg.delay_ranks is not None:
-        bad = [r for r in cfg.delay_ranks if r >= size]
+        bad = [r for r in cfg.delay_ranks if r >= world]
         if bad:
             raise invalid_value(
                 "delay_ranks",
-                list(cfg.delay_ranks),
+                format_value("delay_ranks", cfg.delay_ranks),
                 cfg.origins["delay_ranks"],
-                f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group "
-                f"of {size}; expected ranks in [0, {size})",
+                f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a job of {world} "
+                f"{'rank' if world == 1 else 'ranks'}; expected global ranks in [0, {world})",
             )
-    bad = [r for r, _ in cfg.slowdown if r >= size]
+    bad = [r for r, _ in cfg.slowdown if r >= world]
     if bad:
         raise invalid_value(
             "slowdown",
             format_value("slowdown", cfg.slowdown),
             cfg.origins["slowdown"],
-            f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a group of "
-            f"{size}; expected ranks in [0, {size})",
+            f"{'rank' if len(bad) == 1 else 'ranks'} {','.join(map(str, bad))} not in a job of {world} "
+            f"{'rank' if world == 1 else 'ranks'}; expected global ranks in [0, {world})",
         )
     if (
         has_nccl
@@ -175,71 +192,19 @@ def _check_group_config(cfg: EffectiveConfig, rank: int, size: int, has_nccl: bo
         )
 
 
+def _is_default_group(dist_opts) -> bool:
+    return not list(getattr(dist_opts, "global_ranks_in_group", None) or [])
+
+
 def _global_ranks(dist_opts) -> list[int]:
     """The global rank of each rank of the group being created (torch passes none for the default group)."""
     ranks = list(getattr(dist_opts, "global_ranks_in_group", None) or [])
     return ranks if ranks else list(range(dist_opts.group_size))
 
 
-def stats_target(cfg: EffectiveConfig, dist_opts) -> str | None:
-    """This rank's stats file for the group being created, checked writable now (README "Stats files").
-
-    Raises:
-        ValueError: the file's directory does not exist, the path is not a regular file, or it cannot be written.
-    """
-    if cfg.stats is None:
-        return None
-    default_group = not list(getattr(dist_opts, "global_ranks_in_group", None) or [])
-    rank = _global_ranks(dist_opts)[dist_opts.group_rank]
-    world = dist_opts.group_size if default_group else dist.get_world_size()
-    path = stats_file(cfg.stats, rank, str(dist_opts.group_id), world, default_group)
-    where = f"the file of rank {rank} in group {str(dist_opts.group_id)!r}, {path!r},"
-
-    def bad(why: str) -> ValueError:
-        return invalid_value("stats", cfg.stats, cfg.origins["stats"], f"{where} {why}; expected a writable path")
-
-    if not os.path.isdir(os.path.dirname(os.path.abspath(path))):
-        raise bad("is in a directory that does not exist")
-    if os.path.lexists(path) and not os.path.isfile(path):
-        raise bad("exists and is not a regular file")
-    probe = f"{path}.tmp{os.getpid()}"  # the name _write_stats writes first
-    try:
-        with open(probe, "x"):
-            pass
-        os.remove(probe)
-    except OSError as e:
-        raise bad(f"cannot be written ({e.strerror})") from None
-    return path
-
-
-def _on_shutdown(group_name: str, stats_path: str | None, backend) -> None:
-    entry = _registry.live_backends().get(group_name)
-    if entry is not None and entry[0] is backend:  # a newer group of that name keeps its stats due
-        with _lock:
-            _stats_due.pop(group_name, None)
-    _registry.remove(group_name, backend)
-    if backend is not None and stats_path is not None:
-        _write_stats(stats_path, group_name, backend)
-
-
-@atexit.register
-def _write_stats_at_exit() -> None:
-    """Writes the stats of the groups that were never destroyed (their shutdown hook never ran)."""
-    live = _registry.live_backends()
-    with _lock:
-        due = [(name, path, live[name][0]) for name, path in _stats_due.items() if name in live]
-        _stats_due.clear()
-    for name, path, backend in due:
-        try:
-            _write_stats(path, name, backend)
-        except Exception as e:  # noqa: BLE001 - at exit there is no caller to raise to
-            logger.warning("delaycomm: could not write the stats of group %r to %s at exit: %s", name, path, e)
-
-
-def _write_stats(path: str, group_name: str, backend) -> None:
-    data = group_stats(backend, group_name)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(data, f, indent=2, sort_keys=True)
-    os.replace(tmp, path)
-    logger.info("delaycomm: wrote stats of group %r to %s", group_name, path)
+def _world_size(dist_opts) -> int:
+    """The job's number of ranks: the default group's size (being created, or created before)."""
+    if _is_default_group(dist_opts) or not dist.is_initialized():
+        # NOTE: a group built by hand over its own store (tests/harness/threads.py) is its own world.
+        return max(dist_opts.group_size, max(_global_ranks(dist_opts)) + 1)
+    return dist.get_world_size()

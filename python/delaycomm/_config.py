@@ -82,7 +82,7 @@ def _parse_float(
             raise _Invalid(accepted) from None
         if math.isnan(x) or x < lo or x > hi or (lo_open and x == lo) or (hi_open and x == hi):
             raise _Invalid(accepted)
-        return x
+        return x + 0.0  # -0.0 is 0.0: one canonical value (the ranks compare them)
 
     return parse
 
@@ -297,10 +297,11 @@ def _parse_bytes(v: Any) -> int:
         raise _Invalid(accepted) from None
 
 
-STATS_FIELDS = ("rank", "group")
+STATS_FIELDS = ("rank", "group", "restart")
 _STATS_ACCEPTED = (
     "'none', a directory (one JSON file per rank and group in it), or a JSON file path whose "
-    "placeholders {rank} and {group} name the rank and the group (see the README's 'Stats files')"
+    "placeholders {rank}, {group} and {restart} name the rank, the group and torchrun's restart (see "
+    "docs/config.md, 'Stats files')"
 )
 
 
@@ -313,6 +314,8 @@ def _parse_stats(v: Any) -> str | None:
     s = v.strip()
     if s.lower() == "none":
         return None
+    if "\0" in s:
+        raise _Invalid(_STATS_ACCEPTED, f"the path has a NUL byte (at character {s.index(chr(0)) + 1})")
     try:
         parts = list(string.Formatter().parse(s))
     except ValueError:
@@ -323,8 +326,17 @@ def _parse_stats(v: Any) -> str | None:
                 _STATS_ACCEPTED,
                 f"unknown placeholder {{{field}{'!' + conv if conv else ''}{':' + spec if spec else ''}}}",
             )
+    # 'r{rank}/../stats.json' is 'stats.json' for every rank: a placeholder that '..' cancels names nothing.
+    kept = {f for _, f, _, _ in string.Formatter().parse(os.path.normpath(s)) if f is not None}
+    cancelled = sorted({f for _, f, _, _ in parts if f is not None} - kept)
+    if cancelled:
+        raise _Invalid(
+            _STATS_ACCEPTED,
+            f"'..' cancels the directory that holds {', '.join('{' + f + '}' for f in cancelled)} (the path is "
+            f"{os.path.normpath(s)!r} whatever the value), so the files would collide",
+        )
     # A directory, or the directory of a file, that has no placeholder must exist now; the rest (placeholders
-    # filled, writable) is checked when a group is created (_backend.stats_target).
+    # filled, writable) is checked when a group is created (_statsfile.target).
     if os.path.isdir(s) or s.endswith(os.sep):
         if "{" not in s and not os.path.isdir(s):
             raise _Invalid(_STATS_ACCEPTED, f"the directory {s!r} does not exist")
@@ -336,12 +348,16 @@ def _parse_stats(v: Any) -> str | None:
     return s
 
 
-def stats_file(template: str, rank: int, group: str, world_size: int, default_group: bool) -> str:
-    """The stats file of (rank, group) for a ``stats`` template (docs/config.md, README "Stats files").
+def stats_file(
+    template: str, rank: int, group: str, world_size: int, default_group: bool, restart: int = 0, cycle: int = 0
+) -> str:
+    """The stats file of (rank, group) for a ``stats`` template (docs/config.md, "Stats files").
 
-    A directory D stands for ``D/stats.json``. ``{rank}`` is the global rank and ``{group}`` the group's name;
-    where a template lacks one, it is added before the extension: ``.group{G}`` for groups other than the default
-    one, ``.rank{R}`` in jobs of more than one rank. So no two ranks or groups of a job write the same file.
+    A directory D stands for ``D/stats.json``. ``{rank}`` is the global rank, ``{group}`` the group's name and
+    ``{restart}`` torchrun's restart count; where a template lacks one, it is added before the extension:
+    ``.group{G}`` for groups other than the default one, ``.rank{R}`` in jobs of more than one rank,
+    ``.restart{N}`` after a restart (N > 0). ``.cycle{C}`` marks the C-th repeated use of one file by one process
+    (a second init/destroy cycle). So no two ranks, groups, restarts or cycles of a job write the same file.
     """
     if template.endswith(os.sep) or os.path.isdir(template):
         template = os.path.join(template, "stats.json")
@@ -350,7 +366,11 @@ def stats_file(template: str, rank: int, group: str, world_size: int, default_gr
         root += ".group{group}"
     if "{rank}" not in template and world_size > 1:
         root += ".rank{rank}"
-    return (root + ext).format(rank=rank, group=group)
+    if "{restart}" not in template and restart > 0:
+        root += ".restart{restart}"
+    if cycle > 0:
+        root += f".cycle{cycle}"
+    return (root + ext).format(rank=rank, group=group, restart=restart)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -431,9 +451,20 @@ OPTIONS: tuple[Option, ...] = (
 _BY_NAME = {o.name: o for o in OPTIONS}
 
 
+def shorten(text: str, limit: int = 200) -> str:
+    """``text``, or its start and end with the middle left out when it is longer than ``limit``: a 1 MB value
+    stays out of messages that every rank prints, and what follows it (what is accepted) stays in."""
+    if len(text) <= limit:
+        return text
+    head, tail = limit * 3 // 4, limit // 4
+    return f"{text[:head]}...[{len(text) - head - tail} of {len(text)} characters left out]...{text[-tail:]}"
+
+
 def _invalid(opt: Option, value: Any, origin: str, why: str) -> ValueError:
     """The one format of a bad value: the value, the option, where the value came from, what is wrong/accepted."""
-    return ValueError(f"delaycomm: invalid value {value!r} for option '{opt.name}' from {origin}: {why}")
+    return ValueError(
+        f"delaycomm: invalid value {shorten(repr(value))} for option '{opt.name}' from {origin}: {shorten(why, 1000)}"
+    )
 
 
 def invalid_value(name: str, value: Any, origin: str, why: str) -> ValueError:
