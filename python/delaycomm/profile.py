@@ -72,7 +72,8 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
     if not paths:
         raise ProfileError("delaycomm: profile: no stats files given")
     hists: dict[str, dict[int, dict[str, Any]]] = {}
-    jobs: dict[tuple[str, str], dict[str, Any]] = {}
+    jobs: list[dict[str, Any]] = []
+    current: dict[tuple[str, str], dict[str, Any]] = {}
     world_sizes: dict[int, str] = {}
     backends: set[str] = set()
     versions: list[dict[str, Any]] = []
@@ -81,15 +82,13 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
         for g in _groups(path):
             world = g.get("world_size")
             world_sizes.setdefault(world, path)
-            job = jobs.setdefault(
-                (os.path.dirname(os.path.abspath(path)), str(g.get("group", ""))),
-                {
-                    "directory": os.path.dirname(os.path.abspath(path)),
-                    "group": g.get("group"),
-                    "world_size": world,
-                    "ranks": [],
-                },
-            )
+            # A job: the files of one directory and group, one per rank (a rank seen again starts another job).
+            key = (os.path.dirname(os.path.abspath(path)), str(g.get("group", "")))
+            job = current.get(key)
+            if job is None or g.get("rank") in job["ranks"]:
+                job = {"directory": key[0], "group": g.get("group"), "world_size": world, "ranks": []}
+                jobs.append(job)
+                current[key] = job
             job["ranks"].append(g.get("rank"))
             backends.update(g.get("backends", []))
             if g.get("versions") and g["versions"] not in versions:
@@ -134,7 +133,7 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
             "world_size": next(iter(world_sizes)),
             "backends": sorted(backends),
             "latency": "caller-experienced, from the call until wait() returns or the future completes",
-            "jobs": [dict(j, ranks=sorted(j["ranks"])) for j in jobs.values()],
+            "jobs": [dict(j, ranks=sorted(j["ranks"])) for j in jobs],
             "sources": [os.path.abspath(p) for p in paths],
             "versions": versions,
             "machines": list(machines.values()),
@@ -268,14 +267,14 @@ def main(args) -> int:
                 print("error: profile: -o PROFILE.json is required with stats files", file=sys.stderr)
                 return 2
             write(build(args.stats), args.output)
-            print(f"# wrote {args.output}", file=sys.stderr)
+            print(f"# wrote {args.output}", file=sys.stderr, flush=True)
         target = args.show or args.output
         if args.png:
             if not target:
                 print("error: profile: --png needs a profile (-o or --show)", file=sys.stderr)
                 return 2
             plot(target, args.png)
-            print(f"# wrote {args.png}", file=sys.stderr)
+            print(f"# wrote {args.png}", file=sys.stderr, flush=True)
         if args.show:
             print(format_profile(args.show))
         if not (args.stats or args.show):

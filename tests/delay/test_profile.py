@@ -284,3 +284,35 @@ def test_record_build_show_and_replay_a_profile(tmp_path, two_sizes):
     for rank in range(2):
         m = res[rank]["mismatch"]
         assert m is not None and "different values" in m and f"profile:{differs} (content" in m, m
+
+
+def _stats_file(path, world, op="allreduce", nbytes=1024, ns=1e6):
+    h = {"base": BASE, "unit": "ns", "count": 3, "zeros": 0, "sum_ns": 3 * ns, "min_ns": ns, "max_ns": ns,
+         "buckets": [[_bucket(ns), 3]]}  # fmt: skip
+    data = {"group": "0", "rank": 0, "world_size": world, "host": "h",
+            "ops": {op: {"calls": 3, "by_size": [{"bytes": nbytes, "calls": 3, "histogram": h}]}}}  # fmt: skip
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_profile_command_errors_name_the_file_and_what_is_wrong(tmp_path, capsys):
+    from delaycomm.__main__ import main
+
+    out = str(tmp_path / "p.json")
+    two, four = _stats_file(tmp_path / "a.json", 2), _stats_file(tmp_path / "b.json", 4)
+    assert main(["profile", two, four, "-o", out]) == 2
+    err = capsys.readouterr().err
+    assert f"the stats files come from jobs of different world sizes (2 in {two!r}, 4 in {four!r})" in err
+    (tmp_path / "x.json").write_text("[1, 2]")
+    assert main(["profile", str(tmp_path / "x.json"), "-o", out]) == 2
+    assert "is not delaycomm stats (expected the JSON of a DELAYCOMM_STATS file" in capsys.readouterr().err
+    assert main(["profile", two]) == 2
+    assert "-o PROFILE.json is required" in capsys.readouterr().err
+    assert not os.path.exists(out)
+    # Two jobs of one world size merge; --show reads the result back through the native loader.
+    other = _stats_file(tmp_path / "c.json", 2, ns=3e6)
+    assert main(["profile", two, other, "-o", out, "--show", out]) == 0
+    table = [line.split() for line in capsys.readouterr().out.splitlines() if not line.startswith("#")]
+    assert [(r[0], r[1], r[2]) for r in table] == [("allreduce", "1024", "6")]
+    assert 1000 * 0.98 <= float(table[0][3]) <= 3000 * 1.02  # p50 between the two jobs' latencies (us)
+    assert [j["ranks"] for j in json.loads(open(out).read())["metadata"]["jobs"]] == [[0], [0]]  # rank 0 twice
