@@ -160,6 +160,8 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
     d["errors"] = s.errors.load();
     d["delayed_calls"] = s.delayedCalls.load();
     d["untimed"] = s.untimed.load();
+    d["stale_calls"] = s.staleCalls.load();
+    d["kept_fresh_calls"] = s.keptFreshCalls.load();
     d["latency"] = summarize(s.latencyNs, 1e-3, "_us");
     d["delay"] = summarize(s.delayNs, 1e-3, "_us");
     ops[row.name] = d;

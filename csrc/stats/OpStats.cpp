@@ -24,6 +24,8 @@ void OpStats::reset() {
   delayedCalls = 0;
   errors = 0;
   untimed = 0;
+  staleCalls = 0;
+  keptFreshCalls = 0;
   latencyNs.reset();
   delayNs.reset();
 }
