@@ -631,4 +631,10 @@ PYBIND11_MODULE(_C, m) {
       "The staleness key of the stream that an FSDP2 reduction scope (e.g. 'FSDP::post_backward_reduce (0)') "
       "reduces with tensors of numel elements of dtype (tests compute the delay schedule of that stream with it).");
   // ---- end staleness scope keys ----------------------------------------------------------------------------------
+
+  // ---- staleness: DDP communication hooks (stale/Recognition.hpp, python/delaycomm/_ddp.py) ----------------------
+  m.def("_ddp_bucket_enter", &ddp_bucket_scope::enter, py::arg("index"), py::arg("numel"),
+        "Marks the calling thread as running a DDP communication hook on bucket `index` of `numel` elements.");
+  m.def("_ddp_bucket_exit", &ddp_bucket_scope::exit, "Ends the calling thread's DDP communication hook scope.");
+  // ---- end DDP communication hooks ------------------------------------------------------------------------------
 }

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <sstream>
 
 #include <ATen/ops/empty.h>
 #include <Python.h>
@@ -114,25 +115,29 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
                                                        const c10d::AllreduceOptions& opts) {
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
-  if (staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
-    return runStale(tensors[0], stale_->streamKey(tensors[0], /*scatter=*/false), opts.reduceOp == c10d::ReduceOp::AVG,
-                    opts);
+  if (staleCandidate(OpKind::kAllreduce)) {
+    const auto decision = recognize(OpKind::kAllreduce, tensors, opts.reduceOp);
+    if (decision.gradient()) {
+      const uint64_t key = stale_->keyOfScope(decision.stream, tensors[0], /*scatter=*/false);
+      return runStale(tensors[0], key, opts.reduceOp == c10d::ReduceOp::AVG, opts);
+    }
   }
   return run(
       OpKind::kAllreduce, device, bytesOf(tensors), tensors,
       [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
 }
 
-// The staleness engine takes a reduction when its op can be late at all: staleness is on, the delay schedule is
-// active and the op is among delay_ops (delay_ops=broadcast leaves all-reduces BSP), and it is a SUM/AVG of one
-// dense floating tensor outside a coalescing window, or for _reduce_scatter_base also a PREMUL_SUM by a number
-// (docs/staleness.md, "Which reductions go stale").
-bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
-                                 const c10d::ReduceOp& reduceOp) const {
+// Whether staleness can take reductions of kind `op` at all: it is on, the delay schedule is active and the op
+// is among delay_ops (delay_ops=broadcast leaves all-reduces as under bsp).
+bool DelayBackend::staleCandidate(OpKind op) const {
   const DelaySchedule* schedule = injector_->schedule();
-  if (!stale_ || !schedule || !schedule->active() || !injector_->delays(op)) {
-    return false;
-  }
+  return stale_ && schedule && schedule->active() && injector_->delays(op);
+}
+
+// A reduction the engine can blend: a SUM/AVG of one dense floating tensor outside a coalescing window, or for
+// _reduce_scatter_base also a PREMUL_SUM by a number (docs/staleness.md, "Which reductions go stale").
+bool DelayBackend::staleShaped(OpKind op, const std::vector<at::Tensor>& tensors,
+                               const c10d::ReduceOp& reduceOp) const {
   if (tensors.size() != 1 || coalescing_) {
     return false;
   }
@@ -144,20 +149,64 @@ bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tenso
          (kind == c10d::ReduceOp::SUM || kind == c10d::ReduceOp::AVG || premul);
 }
 
+// Whether a reduction staleness could take is a data-parallel gradient reduction (stale/Recognition.hpp). One
+// that is not is kept fresh: counted, and warned about once per reason and group.
+GradientRecognizer::Decision DelayBackend::recognize(OpKind op, const std::vector<at::Tensor>& tensors,
+                                                     const c10d::ReduceOp& reduceOp) {
+  const bool scatter = op == OpKind::kReduceScatterBase;
+  auto decision =
+      recognizer_.classify(tensors.empty() ? at::Tensor() : tensors[0], staleShaped(op, tensors, reduceOp), scatter);
+  if (decision.gradient()) {
+    return decision;
+  }
+  stats_->op(op).keptFreshCalls.fetch_add(1, std::memory_order_relaxed);
+  auto& warned = freshWarned_[static_cast<size_t>(decision.reason)];
+  if (!warned.exchange(true) && stale_->onWarn) {
+    std::ostringstream msg;
+    msg << "delaycomm: staleness on group '" << options_.groupName << "': " << opName(op);
+    if (!tensors.empty() && tensors[0].defined()) {
+      msg << " of " << tensors[0].numel() << " x " << tensors[0].scalar_type();
+    }
+    msg << " kept fresh (delayed as under bsp, never stale): " << GradientRecognizer::explain(decision.reason);
+    if (!decision.node.empty()) {
+      msg << " ('" << decision.node << "')";
+    }
+    msg << ". Reductions kept fresh are counted in delaycomm.stats()['ops']['" << opName(op)
+        << "']['kept_fresh_calls']; this is not warned again for this reason (docs/staleness.md, \"Which "
+           "reductions go stale\")";
+    stale_->onWarn(msg.str());
+  }
+  return decision;
+}
+
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64_t key, bool average,
                                                       const c10d::AllreduceOptions& opts) {
-  stale_->prepare(tensor, key, average);
+  const auto info = stale_->prepare(tensor, key, average);
+  countStale(OpKind::kAllreduce, info);
   c10d::AllreduceOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
   std::vector<at::Tensor> tensors{tensor};
+  // A step that cannot defer (before step_ms is known, a key's first step) keeps the op's delay, as under bsp.
   return run(
       OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
       [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
-      /*applyDelay=*/false);
+      /*applyDelay=*/!info.deferrable);
+}
+
+void DelayBackend::countStale(OpKind op, const StalenessEngine::StepInfo& info) {
+  if (info.deferrable && info.delayNs > 0) {
+    auto& s = stats_->op(op);
+    s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+    s.delayNs.record(static_cast<double>(info.delayNs));
+    if (!info.mineFresh) {
+      s.staleCalls.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
-                                                                   const c10d::ReduceScatterOptions& opts) {
+                                                                   const c10d::ReduceScatterOptions& opts,
+                                                                   uint64_t key) {
   const int64_t n = getSize();
   TORCH_CHECK_VALUE(input.numel() == output.numel() * n,
                     "delaycomm: _reduce_scatter_base: inputBuffer must hold "
@@ -171,16 +220,16 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& o
   const double scale = kind == c10d::ReduceOp::AVG          ? 1.0 / static_cast<double>(n)
                        : kind == c10d::ReduceOp::PREMUL_SUM ? *premulSumFactor(opts.reduceOp)
                                                             : 1.0;
-  const uint64_t key = stale_->streamKey(input, /*scatter=*/true);
   // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
   // reduce-scatter input afterwards (README, "Bounded staleness").
-  stale_->prepareScaled(input, key, scale, /*scatter=*/true);
+  const auto info = stale_->prepareScaled(input, key, scale, /*scatter=*/true);
+  countStale(OpKind::kReduceScatterBase, info);
   c10d::ReduceScatterOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
   return run(
       OpKind::kReduceScatterBase, input.device(), bytesOf(input), {output},
       [output, input, sumOpts](c10d::Backend& b) mutable { return b._reduce_scatter_base(output, input, sumOpts); },
-      opts.asyncOp, /*applyDelay=*/false);
+      opts.asyncOp, /*applyDelay=*/!info.deferrable);
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
@@ -190,7 +239,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, 
                     key);
   c10d::AllreduceOptions opts;
   opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
-  if (!staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
+  if (!staleCandidate(OpKind::kAllreduce) || !staleShaped(OpKind::kAllreduce, tensors, opts.reduceOp)) {
     if (average && tensor.is_cpu()) {  // Gloo has no AVG: SUM, then divide (as DDP does)
       tensor.div_(getSize());
       opts.reduceOp = c10d::ReduceOp::SUM;
@@ -373,8 +422,12 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
                                                                   const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensor(OpKind::kReduceScatterBase, "inputBuffer", input);
   checkTensor(OpKind::kReduceScatterBase, "outputBuffer", output);
-  if (staleEligible(OpKind::kReduceScatterBase, {input}, opts.reduceOp)) {
-    return runStaleReduceScatter(output, input, opts);
+  if (staleCandidate(OpKind::kReduceScatterBase)) {
+    const std::vector<at::Tensor> inputs{input};
+    const auto decision = recognize(OpKind::kReduceScatterBase, inputs, opts.reduceOp);
+    if (decision.gradient()) {
+      return runStaleReduceScatter(output, input, opts, stale_->keyOfScope(decision.stream, input, /*scatter=*/true));
+    }
   }
   return run(
       OpKind::kReduceScatterBase, device, bytesOf(input), {output},

@@ -17,6 +17,7 @@
 #include "backend/DelayWork.hpp"
 #include "delay/DelayInjector.hpp"
 #include "delay/Schedule.hpp"
+#include "stale/Recognition.hpp"
 #include "stale/StalenessEngine.hpp"
 #include "stats/OpStats.hpp"
 
@@ -200,9 +201,16 @@ class DelayBackend : public c10d::Backend {
   // The stale path of _reduce_scatter_base (FSDP2's reduce-scatter): blend the full input in place
   // (StalenessEngine::prepareScaled), then one SUM reduce-scatter of the original size.
   c10::intrusive_ptr<c10d::Work> runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
-                                                       const c10d::ReduceScatterOptions& opts);
-  // Whether reduction `op` of `tensors` goes through the staleness engine (see DelayBackend.cpp).
-  bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
+                                                       const c10d::ReduceScatterOptions& opts, uint64_t key);
+  // Which reductions go through the staleness engine (docs/staleness.md, "Which reductions go stale"): the op
+  // can be late at all (staleCandidate), the engine can blend it (staleShaped), and it is a data-parallel gradient
+  // reduction (recognize: stale/Recognition.hpp; a reduction that is not is counted and warned about).
+  bool staleCandidate(OpKind op) const;
+  bool staleShaped(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
+  GradientRecognizer::Decision recognize(OpKind op, const std::vector<at::Tensor>& tensors,
+                                         const c10d::ReduceOp& reduceOp);
+  // Counts a stale step's delay in the op's stats (delayed_calls, stale_calls).
+  void countStale(OpKind op, const StalenessEngine::StepInfo& info);
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Drops the reference to the inner Gloo backend: its worker threads stop and are joined when it was the last.
   void releaseGloo();
@@ -223,6 +231,8 @@ class DelayBackend : public c10d::Backend {
   // Nothing configured acts on this rank's ops (!injector_->engaged()): CPU ops take runDirect().
   bool fastPath_ = true;
   std::unique_ptr<StalenessEngine> stale_;
+  GradientRecognizer recognizer_;
+  std::array<std::atomic<bool>, GradientRecognizer::kNumReasons> freshWarned_{};
   std::mutex hookMutex_;
   std::function<void()> shutdownHook_;
 

@@ -77,6 +77,7 @@ StalenessEngine::Plan StalenessEngine::planLocked(uint64_t key, uint64_t step, i
   plan.delayNs.assign(static_cast<size_t>(size_), 0);
   // No deferral on a key's first step (DDP's bucket rebuild) nor before the step time is known.
   const bool canDefer = step >= 1 && stepNs > 0 && schedule_ != nullptr && schedule_->active();
+  plan.deferrable = canDefer;
   for (int r = 0; r < size_; ++r) {
     int64_t k = 0;
     if (canDefer) {
@@ -334,6 +335,8 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   info.mineFresh = fresh;
   info.mineDue = static_cast<int64_t>(due.size());
   info.freshScale = a;
+  info.deferrable = plan.deferrable;
+  info.delayNs = plan.delayNs[static_cast<size_t>(rank_)];
   lock.unlock();
   emitWarnings();
   if (myWaitNs > 0) {

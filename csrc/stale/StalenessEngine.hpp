@@ -101,6 +101,10 @@ class StalenessEngine {
     int64_t mineDue = 0;
     int64_t blockedNs = 0;
     double freshScale = 1.0;
+    // Whether the step could defer at all: false before step_ms is known and on a key's first step, when the
+    // caller applies the op's delay as under bsp instead (docs/staleness.md, "Which reductions go stale").
+    bool deferrable = false;
+    int64_t delayNs = 0;  // this rank's delay at this step (when deferrable)
   };
 
   // Where the step time comes from (telemetry: stats()["staleness"]).
@@ -215,6 +219,7 @@ class StalenessEngine {
     std::vector<int64_t> waitNs;  // SSP gate wait per rank
     std::vector<int64_t> delayNs;
     int64_t nFresh = 0;
+    bool deferrable = false;
   };
 
   KeyState& touchLocked(uint64_t key, const at::Tensor& t);

@@ -26,8 +26,8 @@ struct OpStats {
   // data-parallel gradient reductions.
   std::atomic<uint64_t> staleCalls{0};
   std::atomic<uint64_t> keptFreshCalls{0};
-  LogHistogram latencyNs;            // issue to completion
-  LogHistogram delayNs;              // injected delay of the delayed calls
+  LogHistogram latencyNs;  // issue to completion
+  LogHistogram delayNs;    // injected delay of the delayed calls
   void reset();
 };
 

@@ -14,7 +14,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _nccl, _ops, _registry
+from delaycomm import _C, _ddp, _nccl, _ops, _registry
 from delaycomm._agree import agree
 from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve, stats_file
 from delaycomm._stats import group_stats
@@ -79,6 +79,8 @@ def create_backend(dist_opts, pg_options):
     native.group_name = group_name
     _fill_delay_options(native, cfg, rank, timeout)
     _fill_stale_options(native, cfg, store)
+    if cfg.staleness != "bsp":
+        _ddp.install()  # DDP hooks run in their bucket's scope (docs/staleness.md, "Which reductions go stale")
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
