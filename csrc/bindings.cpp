@@ -180,8 +180,8 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
   stale["stale_fresh_ratio_windowed"] = e ? e->windowedRatio() : 0.0;
   stale["pending_here"] = e ? e->pendingHere() : 0;
   stale["keys"] = e ? e->keyCount() : 0;
-  const auto src = e ? e->stepSource() : StalenessEngine::StepSource{};
-  using Kind = StalenessEngine::StepSource::Kind;
+  const auto src = e ? e->stepSource() : StepSource{};
+  using Kind = StepSource::Kind;
   stale["step_ms"] = static_cast<double>(src.stepNs) * 1e-6;
   stale["step_source"] = !e                              ? "off"
                          : src.kind == Kind::kConfigured ? "step_ms"
@@ -484,13 +484,22 @@ PYBIND11_MODULE(_C, m) {
       .value("BSP", StalenessMode::kBsp)
       .value("SSP", StalenessMode::kSsp)
       .value("ASP", StalenessMode::kAsp);
-  py::enum_<StalenessEngine::Policy>(m, "StalePolicy", "stale_policy=: what a late contribution does.")
-      .value("EMA", StalenessEngine::Policy::kEma)
-      .value("APPLY", StalenessEngine::Policy::kApply)
-      .value("DROP", StalenessEngine::Policy::kDrop);
+  py::enum_<StalePolicy>(m, "StalePolicy", "stale_policy=: what a late contribution does.")
+      .value("EMA", StalePolicy::kEma)
+      .value("APPLY", StalePolicy::kApply)
+      .value("DROP", StalePolicy::kDrop);
   py::enum_<DelayWhere>(m, "DelayWhere", "delay_where=: where a delay is paid.")
       .value("NETWORK", DelayWhere::kNetwork)
       .value("HOST", DelayWhere::kHost);
+
+  py::class_<StalenessOptions>(m, "StalenessOptions", "The staleness engine's typed, validated settings.")
+      .def(py::init<>())
+      .def_readwrite("mode", &StalenessOptions::mode)
+      .def_readwrite("bound", &StalenessOptions::bound)
+      .def_readwrite("policy", &StalenessOptions::policy)
+      .def_readwrite("alpha", &StalenessOptions::alpha)
+      .def_readwrite("step_ms", &StalenessOptions::stepMs)
+      .def_readwrite("max_pending", &StalenessOptions::maxPending);
 
   py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())
@@ -504,12 +513,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("delay_where", &BackendOptions::delayWhere)
       .def_readwrite("seed", &BackendOptions::seed)
       .def_readwrite("slowdown", &BackendOptions::slowdown)
-      .def_readwrite("staleness", &BackendOptions::staleness)
-      .def_readwrite("stale_bound", &BackendOptions::staleBound)
-      .def_readwrite("stale_policy", &BackendOptions::stalePolicy)
-      .def_readwrite("ema_alpha", &BackendOptions::emaAlpha)
-      .def_readwrite("step_ms", &BackendOptions::stepMs)
-      .def_readwrite("max_pending", &BackendOptions::maxPending)
+      .def_readwrite("stale", &BackendOptions::stale)
       .def_readwrite("store", &BackendOptions::store);
 
   py::class_<DelayBackend, GilReleasingHolder<DelayBackend>, c10d::Backend>(m, "DelayBackend")

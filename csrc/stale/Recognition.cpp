@@ -56,7 +56,7 @@ GradientRecognizer::Decision GradientRecognizer::classify(const at::Tensor& t, b
   const bool accumulating =
       graphTask >= 0 && (!node || dynamic_cast<const torch::autograd::AccumulateGrad*>(node.get()) != nullptr);
 
-  if (accumulating && !structural && !scatter && !at::isFloatingType(t.scalar_type())) {
+  if (accumulating && !structural && !scatter && t.defined() && !at::isFloatingType(t.scalar_type())) {
     // DDP's used-parameter map (find_unused_parameters): an integer all-reduce issued with the gradients.
     std::lock_guard<std::mutex> lock(mutex_);
     enterLocked(graphTask);

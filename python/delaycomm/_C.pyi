@@ -57,6 +57,15 @@ class DelayWhere:
     name: str
     value: int
 
+class StalenessOptions:
+    mode: Staleness
+    bound: int
+    policy: StalePolicy
+    alpha: float
+    step_ms: float
+    max_pending: int
+    def __init__(self) -> None: ...
+
 class BackendOptions:
     timeout: timedelta
     group_name: str
@@ -68,12 +77,7 @@ class BackendOptions:
     delay_where: DelayWhere
     seed: int
     slowdown: float
-    staleness: Staleness
-    stale_bound: int
-    stale_policy: StalePolicy
-    ema_alpha: float
-    step_ms: float
-    max_pending: int
+    stale: StalenessOptions
     store: Store | None
     def __init__(self) -> None: ...
 

@@ -106,14 +106,14 @@ _DELAY_WHERE = {"network": _C.DelayWhere.NETWORK, "host": _C.DelayWhere.HOST}
 
 
 def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
-    """Copy the staleness options (validated by _config) into the native BackendOptions, typed."""
-    mode, _, bound = cfg.staleness.partition(":")
-    native.staleness = _STALENESS[mode]
-    native.stale_bound = int(bound) if bound else 0
-    native.stale_policy = _STALE_POLICY[cfg.stale_policy]
-    native.ema_alpha = cfg.ema_alpha
-    native.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
-    native.max_pending = cfg.max_pending
+    """Copy the staleness options (validated and parsed by _config) into the native BackendOptions, typed."""
+    stale = native.stale
+    stale.mode = _STALENESS[cfg.staleness.mode]
+    stale.bound = cfg.staleness.bound
+    stale.policy = _STALE_POLICY[cfg.stale_policy]
+    stale.alpha = cfg.ema_alpha
+    stale.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
+    stale.max_pending = cfg.max_pending
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 
