@@ -15,7 +15,8 @@ Paths (2 ranks unless noted): ddp, tiny (1 KiB buckets), unused (find_unused_par
 only), static (static_graph), nosync (no_sync accumulation over 2 micro-batches), view (gradient_as_bucket_view),
 fp16 and bf16 (torch's compress hooks; bf16's body as a user's hook: DDP refuses the hook itself without a GPU),
 powersgd (PowerSGD, rank 2, compression from step 10), join (uneven inputs: rank r runs steps + 7 r steps under
-ddp.join()), compiled (torch.compile of the DDP module: DDPOptimizer's graph split), metric (a persistent float
+ddp.join()), compiled (torch.compile of the DDP module: DDPOptimizer's graph split), cautograd (compiled
+autograd: DDP's Python reducer), metric (a persistent float
 tensor SUM-all-reduced every step, outside training), tp (tensor parallel: colwise + rowwise Linear, forward and
 backward all-reduces), fsdp2, hsdp (4 ranks: 2 x 2 mesh), tp_fsdp2 (4 ranks: 2 x 2 mesh, FSDP2 over dp, TP over
 tp).
@@ -126,7 +127,11 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
 
         state = psgd.PowerSGDState(process_group=group, matrix_approximation_rank=2, start_powerSGD_iter=10)
         ddp.register_comm_hook(state, psgd.powerSGD_hook)
-    net = torch.compile(ddp) if path == "compiled" else ddp
+    if path == "cautograd":
+        # Compiled autograd: DDP's reducer runs in Python, its all-reduces traced into the compiled backward.
+        torch._dynamo.config.optimize_ddp = "python_reducer"
+        torch._dynamo.config.compiled_autograd = True
+    net = torch.compile(ddp) if path in ("compiled", "cautograd") else ddp
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=LR)
     contributed = [torch.zeros_like(p) for p in params]
