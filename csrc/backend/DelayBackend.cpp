@@ -370,6 +370,9 @@ uint64_t DelayBackend::getSequenceNumberForGroup() {
 }
 
 void DelayBackend::abort() {
+  if (stale_) {
+    stale_->close();  // a caller waiting at the SSP gate raises
+  }
   injector_->abort();  // host sleepers raise, held-back ops fail (none is issued)
   if (cpuInner_) {
     cpuInner_->abort();
@@ -406,9 +409,13 @@ void DelayBackend::shutdown() {
                    << "delaycomm.flush(group) before destroy_process_group to deliver them.";
     }
   }
-  // Never wait out a delay: callers sleeping in a host delay or slowdown wake and raise (their ops are not issued);
+  // Never wait out a delay: callers sleeping in a host delay, a slowdown or at the SSP gate wake and raise (their ops
+  // are not issued);
   // the ops the issuer holds back are issued now, in order (every rank issues the same sequence), and the issuer
   // thread is joined before the inner backends shut down.
+  if (stale_) {
+    stale_->close();
+  }
   injector_->close();
   if (cpuInner_) {
     cpuInner_->shutdown();

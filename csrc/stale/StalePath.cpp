@@ -112,6 +112,8 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
   if (!stale_) {
     return out;
   }
+  // The ranks agree first (every rank gets the same streams, or the same error), so every rank issues the same
+  // reductions here, in key order.
   for (auto& stream : stale_->takeFlush()) {
     at::Tensor& local = stream.local;
     if (stream.scatter) {

@@ -6,7 +6,6 @@
 #include <algorithm>
 #include <cmath>
 #include <sstream>
-#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
@@ -48,6 +47,7 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
 }
 
 StalenessEngine::~StalenessEngine() {
+  gate_.close();
   fsdp_scope::release();
 }
 
@@ -72,6 +72,7 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   const StepPlan plan = planStep(schedule_, key, step, stepNs, options_.mode, options_.bound, size_);
   checkStepLocked(stream, t, key, plan, lock, warnings);
   const std::vector<KeyTable::Arrival> arriving = advanceLocked(stream, t, plan, resultScale, scatter);
+  digest_.add(key, t.numel(), t.scalar_type(), scatter);
 
   std::vector<at::Tensor> due;  // this rank's own contributions due now (under asp not in deferral order)
   for (auto it = stream.mine.begin(); it != stream.mine.end();) {
@@ -106,10 +107,12 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   info.blockedNs = plan.gateWaitNs[me];
   info.deferrable = plan.deferrable;
   info.delayNs = plan.delayNs[me];
+  const std::string keyText = info.blockedNs > 0 ? keys_.describe(key) : std::string();
+  const char* op = keys_.opText(key);
   lock.unlock();
   emit(warnings);
   if (info.blockedNs > 0) {
-    waitAtGate(info.blockedNs);
+    waitAtGate(key, step, info.blockedNs, op, keyText);
   }
   return info;
 }
@@ -172,9 +175,14 @@ void StalenessEngine::checkStepLocked(const KeyTable::Stream& stream, const at::
   if (const int late = plan.gateTimeoutRank(timeoutNs); late >= 0) {
     // Every rank waits out the timeout (the late rank at the gate, the others as they would in the collective)
     // and raises the same error; no rank issues the reduction, so the inner group stays in step.
+    const std::string keyText = keys_.describe(key);
+    const char* op = keys_.opText(key);
     lock.unlock();
     emit(warnings);
-    std::this_thread::sleep_for(options_.timeout);
+    if (gate_.sleepUntil(SteadyClock::now() + options_.timeout, SteadyClock::time_point::max()) ==
+        HostSleeper::Woke::kClosed) {
+      throwClosed(op, stream.step, keyText);
+    }
     lock.lock();
     throwGateTimeout(key, stream.step, late, plan, clock_.stepNs());
   }
@@ -264,9 +272,14 @@ void StalenessEngine::recordLocked(int64_t nFresh, const std::vector<KeyTable::A
 }
 
 // SSP gate: the delay beyond S steps is paid in wall clock before this rank joins the step (at most the group's
-// timeout: longer waits raised in checkStepLocked).
-void StalenessEngine::waitAtGate(int64_t waitNs) {
-  std::this_thread::sleep_for(std::chrono::nanoseconds(waitNs));
+// timeout: longer waits raised in checkStepLocked), and ends at once when the group is destroyed or aborted.
+void StalenessEngine::waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op,
+                                 const std::string& keyText) {
+  const auto woke =
+      gate_.sleepUntil(SteadyClock::now() + std::chrono::nanoseconds(waitNs), SteadyClock::time_point::max());
+  if (woke == HostSleeper::Woke::kClosed) {
+    throwClosed(op, step, keyText);
+  }
   stats_->staleness().blockedNs.fetch_add(static_cast<uint64_t>(waitNs), std::memory_order_relaxed);
 }
 
@@ -293,6 +306,15 @@ void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, co
                " ms are paid as waiting; a delay longer than the timeout is a timeout"));
 }
 
+void StalenessEngine::throwClosed(const char* op, uint64_t step, const std::string& keyText) const {
+  // The wording follows a host delay woken by the group's shutdown (delay/DelayInjector.cpp).
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("delaycomm: ", op, " (step ", step, " of ", keyText, ", group '", options_.groupName,
+                           "'): the group was shut down (destroy_process_group or abort) while this call waited at "
+                           "the ssp:",
+                           options_.bound, " gate; the reduction was not issued"));
+}
+
 double StalenessEngine::windowedRatio() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return windowedRatioLocked();
@@ -306,18 +328,56 @@ double StalenessEngine::windowedRatioLocked() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// flush (docs/staleness.md, "flush")
+// flush (docs/staleness.md, "flush" and "Divergence")
 
 std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
+  FlushRecord mine;
+  std::string round;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    round = "flush/" + std::to_string(flushes_++);
+    mine.calls = digest_.calls();
+    mine.digest = digest_.value();
+    mine.checkpoints = digest_.checkpoints();
+    for (const auto& [key, stream] : keys_.streams()) {
+      if (stream.arrivals.empty()) {
+        continue;  // nothing in flight anywhere (this rank's own deferred ones are in flight too)
+      }
+      mine.pending.push_back(
+          {key, stream.numel, stream.prototype.scalar_type(), stream.scatter, stream.pendingGlobal()});
+    }
+  }
+  const auto records = agreement_.exchange(round, mine.encode());
+  const std::string where = c10::str("delaycomm: flush on group '", options_.groupName, "': ");
+  if (!records.missing.empty()) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str(where, "timed out after ", options_.timeout.count(), " ms (the group's timeout): rank(s) ",
+                             rankList(records.missing),
+                             " did not call flush. flush is collective: every rank calls it at the same point of "
+                             "its program. Nothing was flushed on the ranks that did"));
+  }
+  std::vector<FlushRecord> all;
+  for (const auto& text : records.byRank) {
+    all.push_back(FlushRecord::decode(text));
+  }
+  if (const std::string divergence = flushDivergence(all); !divergence.empty()) {
+    agreement_.holdStoreUntilRead(round);
+    C10_THROW_ERROR(
+        Error, c10::str(where, "the ranks' stale bookkeeping differs: ", divergence,
+                        ". The ranks would disagree on which reductions flush issues, and they disagreed on who was "
+                        "late at the steps where their streams differ. Every rank must make the same stale "
+                        "reductions in the same order (docs/staleness.md, \"Divergence\"): key the streams "
+                        "explicitly (ddp_hook, stale_allreduce(key=...)) where storage identity differs across "
+                        "ranks. Every rank raises this error; nothing was flushed"));
+  }
+
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<FlushStream> out;
   auto& counters = stats_->staleness();
-  for (auto& [key, entry] : keys_.streams()) {
-    KeyTable::Stream* stream = &entry;
+  for (const auto& agreed : mine.pending) {
+    KeyTable::Stream* stream = keys_.find(agreed.key);
+    TORCH_INTERNAL_ASSERT(stream != nullptr, "delaycomm: flush: a pending stream left the key table");
     const int64_t global = stream->pendingGlobal();
-    if (global == 0) {
-      continue;
-    }
     stream->arrivals.clear();
     std::fill(stream->pendingOf.begin(), stream->pendingOf.end(), 0);
     if (options_.policy == StalePolicy::kDrop) {
@@ -334,7 +394,7 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
         deferred.empty() ? at::empty({stream->numel}, stream->prototype.options()) : at::empty_like(deferred[0]);
     kernels::fusedBlend(local, 0.0, deferred, std::vector<double>(deferred.size(), scale), std::nullopt);
     counters.stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
-    out.push_back(FlushStream{key, std::move(local), stream->scatter});
+    out.push_back(FlushStream{agreed.key, std::move(local), stream->scatter});
   }
   return out;
 }

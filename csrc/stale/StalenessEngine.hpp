@@ -14,6 +14,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
+#include "delay/IssuerThread.hpp"
 #include "delay/Schedule.hpp"
 #include "stale/Agreement.hpp"
 #include "stale/KeyTable.hpp"
@@ -36,7 +37,8 @@ namespace delaycomm {
 //  - the weights (stale/Weights.hpp): the policy math, a pure function;
 //  - the blend (kernels/Blend.hpp): one fused pass that pre-scales this rank's fresh contribution, stashes it when
 //    it is late, and adds its own stale contributions now due; the caller then SUM-reduces the tensor;
-//  - the agreement (stale/Agreement.hpp): the ranks agree on the step time through the store.
+//  - the agreement (stale/Agreement.hpp): at flush, the ranks check through the store that their bookkeeping is
+//    the same before any of them issues a reduction.
 //
 // Errors are raised on every rank alike, before this step changes any state: the asp max_pending overflow
 // (computed from the shared schedule for every rank), and the SSP gate timeout (a gate wait longer than the
@@ -44,6 +46,8 @@ namespace delaycomm {
 //
 // Threads: prepareScaled(), takeFlush() and the getters take the engine's lock; the agreements through the store
 // and the gate wait run without it. Calls on one group are serialised by c10d's ordering contract anyway.
+// close() (destroy_process_group, abort) may come from any thread: a caller waiting at the SSP gate wakes at once
+// and raises.
 // Memory: at most S stashed copies per key under ssp:S; under asp, max_pending per key and rank (an error beyond
 // it); at most maxKeys keys.
 class StalenessEngine {
@@ -101,10 +105,16 @@ class StalenessEngine {
     return prepareScaled(t, key, average ? 1.0 / static_cast<double>(size_) : 1.0, /*scatter=*/false);
   }
 
-  // flush (collective: every rank calls it at the same point): every stream with a contribution still pending
-  // anywhere, in key order (the same streams on every rank: they come from the schedule); nothing stays pending
-  // afterwards. Under drop nothing is pending (late contributions left in flight are counted as dropped).
+  // flush (collective: every rank calls it at the same point). First the ranks agree through the store that their
+  // stale bookkeeping is the same (the same sequence of stale reductions, the same streams pending): when it is
+  // not, every rank raises the same error and nothing changes (docs/staleness.md, "Divergence"). Then returns every
+  // stream with a contribution still pending anywhere, in key order (the same streams on every rank); nothing stays
+  // pending afterwards. Under drop nothing is pending (late contributions left in flight are counted as dropped).
   std::vector<FlushStream> takeFlush();
+
+  // destroy_process_group / abort: a caller waiting at the SSP gate (or waiting out a gate timeout) wakes at once
+  // and raises; later gate waits raise at once. Idempotent.
+  void close() { gate_.close(); }
 
   int64_t pendingHere() const;
   int64_t pendingGlobal() const;
@@ -129,11 +139,12 @@ class StalenessEngine {
   std::vector<KeyTable::Arrival> advanceLocked(KeyTable::Stream& stream, const at::Tensor& t, const StepPlan& plan,
                                                double resultScale, bool scatter);
   void recordLocked(int64_t nFresh, const std::vector<KeyTable::Arrival>& arriving, Warnings& warnings);
-  // The SSP gate (no lock): waits waitNs.
-  void waitAtGate(int64_t waitNs);
+  // The SSP gate (no lock): waits waitNs, or raises when the group closes meanwhile.
+  void waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op, const std::string& keyText);
 
   void emit(Warnings& warnings) const;
   [[noreturn]] void throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan, int64_t stepNs) const;
+  [[noreturn]] void throwClosed(const char* op, uint64_t step, const std::string& keyText) const;
   double windowedRatioLocked() const;
 
   const int rank_;
@@ -142,11 +153,14 @@ class StalenessEngine {
   const DelaySchedule* schedule_;
   std::shared_ptr<GroupStats> stats_;
   StoreAgreement agreement_;
+  HostSleeper gate_;
 
   mutable std::mutex mutex_;
   KeyTable keys_;
   StepClock clock_;
+  SequenceDigest digest_;
   uint64_t calls_ = 0;
+  uint64_t flushes_ = 0;
   std::deque<std::pair<int64_t, int64_t>> window_;  // (fresh, stale) of the last `window` steps
   int64_t windowFresh_ = 0;
   int64_t windowStale_ = 0;
