@@ -131,7 +131,20 @@ def _check_conservation(path: str, ssp: dict, world: int, rtol: float) -> None:
             assert err <= rtol, f"{path} rank {rank} parameter {i}: relative error {err:.3e} > {rtol}"
 
 
-DDP_PATHS = ["ddp", "tiny", "unused", "static", "nosync", "view", "fp16", "bf16", "powersgd", "compiled", "metric", "tp"]
+DDP_PATHS = [
+    "ddp",
+    "tiny",
+    "unused",
+    "static",
+    "nosync",
+    "view",
+    "fp16",
+    "bf16",
+    "powersgd",
+    "compiled",
+    "metric",
+    "tp",
+]
 
 
 @pytest.mark.timeout(900)
