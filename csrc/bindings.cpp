@@ -640,5 +640,8 @@ PYBIND11_MODULE(_C, m) {
   m.def("_ddp_bucket_enter", &ddp_bucket_scope::enter, py::arg("index"), py::arg("numel"),
         "Marks the calling thread as running a DDP communication hook on bucket `index` of `numel` elements.");
   m.def("_ddp_bucket_exit", &ddp_bucket_scope::exit, "Ends the calling thread's DDP communication hook scope.");
+  m.def("_ddp_join_shadow_enter", &ddp_join_shadow::enter, py::arg("new_pass"),
+        "Marks the calling thread as shadowing DDP's backward pass on a joined rank (join()).");
+  m.def("_ddp_join_shadow_exit", &ddp_join_shadow::exit, "Ends the calling thread's join() shadow.");
   // ---- end DDP communication hooks ------------------------------------------------------------------------------
 }

@@ -3,6 +3,8 @@
 
 #include "stale/Recognition.hpp"
 
+#include <atomic>
+
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
@@ -23,6 +25,12 @@ struct BucketFrame {
 // NOTE: a name of its own: the torch-heavy sources are compiled as one translation unit (CMakeLists.txt).
 thread_local BucketFrame tlsBucket;
 
+// The joined rank's shadow backward pass: a pseudo graph task id below -1 (real ones are >= 0, none is -1), 0 when
+// no shadow is running on this thread.
+std::atomic<int64_t> shadowPasses{0};
+thread_local int64_t tlsShadowPass = 0;
+thread_local int64_t tlsLastShadowPass = 0;
+
 }  // namespace
 
 namespace ddp_bucket_scope {
@@ -37,6 +45,21 @@ void exit() {
 
 }  // namespace ddp_bucket_scope
 
+namespace ddp_join_shadow {
+
+void enter(bool newPass) {
+  if (newPass || tlsLastShadowPass == 0) {
+    tlsLastShadowPass = -2 - shadowPasses.fetch_add(1, std::memory_order_relaxed);
+  }
+  tlsShadowPass = tlsLastShadowPass;
+}
+
+void exit() {
+  tlsShadowPass = 0;
+}
+
+}  // namespace ddp_join_shadow
+
 bool GradientRecognizer::enterLocked(int64_t graphTask) {
   if (graphTask != graphTask_) {
     usedMapLast_ = usedMapNow_;
@@ -50,11 +73,13 @@ bool GradientRecognizer::enterLocked(int64_t graphTask) {
 GradientRecognizer::Decision GradientRecognizer::classify(const at::Tensor& t, bool structural, bool scatter) {
   Decision d;
   const char* kind = scatter ? "reduce_scatter" : "all_reduce";
-  const int64_t graphTask = torch::autograd::get_current_graph_task_id();
+  const int64_t realTask = torch::autograd::get_current_graph_task_id();
+  // A joined rank's shadow of DDP's backward pass counts as a backward pass of its own, its reductions as DDP's.
+  const int64_t graphTask = realTask < 0 && tlsShadowPass != 0 ? tlsShadowPass : realTask;
   // The node being evaluated: null outside a backward pass and in its final callbacks.
-  const auto node = graphTask >= 0 ? torch::autograd::get_current_node() : c10::intrusive_ptr<torch::autograd::Node>();
-  const bool accumulating =
-      graphTask >= 0 && (!node || dynamic_cast<const torch::autograd::AccumulateGrad*>(node.get()) != nullptr);
+  const auto node = realTask >= 0 ? torch::autograd::get_current_node() : c10::intrusive_ptr<torch::autograd::Node>();
+  const bool accumulating = (realTask >= 0 || graphTask != realTask) &&
+                            (!node || dynamic_cast<const torch::autograd::AccumulateGrad*>(node.get()) != nullptr);
 
   if (accumulating && !structural && !scatter && t.defined() && !at::isFloatingType(t.scalar_type())) {
     // DDP's used-parameter map (find_unused_parameters): an integer all-reduce issued with the gradients.
@@ -85,7 +110,7 @@ GradientRecognizer::Decision GradientRecognizer::classify(const at::Tensor& t, b
     if (!tlsBucket.reduced && !scatter && t.numel() == tlsBucket.numel) {
       tlsBucket.reduced = true;
       std::lock_guard<std::mutex> lock(mutex_);
-      if (graphTask >= 0 && enterLocked(graphTask)) {
+      if (graphTask != -1 && enterLocked(graphTask)) {
         d.reason = Reason::kUnusedParameters;
         return d;
       }
@@ -97,8 +122,8 @@ GradientRecognizer::Decision GradientRecognizer::classify(const at::Tensor& t, b
     return d;
   }
 
-  // 3. A backward pass: a parameter's gradient accumulation or a final callback.
-  if (graphTask < 0) {
+  // 3. A backward pass: a parameter's gradient accumulation or a final callback (or a joined rank's shadow of one).
+  if (graphTask == -1) {
     d.reason = Reason::kOutsideBackward;
     return d;
   }

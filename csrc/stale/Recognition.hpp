@@ -83,4 +83,14 @@ void enter(int64_t index, int64_t numel);
 void exit();
 }  // namespace ddp_bucket_scope
 
+// A joined rank's shadow of DDP's backward pass (DDP join(): python/delaycomm/_ddp.py marks the calling thread while
+// DDP issues the all-reduces that match the active ranks' buckets and used-parameter map). Its reductions are
+// recognised as in a backward pass of their own, so they are the same streams, with the same keys, as the active
+// ranks' (docs/staleness.md, "Which reductions go stale"). newPass: a new shadow backward pass (else the last one
+// goes on: the used-parameter map after the buckets).
+namespace ddp_join_shadow {
+void enter(bool newPass);
+void exit();
+}  // namespace ddp_join_shadow
+
 }  // namespace delaycomm

@@ -8,10 +8,16 @@ runs, the calling thread is marked with the bucket's index and size (``stale/Rec
 reduction of the bucket's size in that scope can go stale (keyed by the bucket); the hook's other reductions, and
 everything its callbacks issue, keep their delay as under bsp.
 
+DDP's ``join()`` (uneven inputs): a joined rank shadows the active ranks' backward pass with all-reduces of zero
+buckets (and of the used-parameter map), issued outside any backward pass. :func:`install` also marks the calling
+thread while DDP issues them, so that they are recognised as a backward pass of their own: the same streams as the
+active ranks' buckets, so the ranks' stale bookkeeping stays the same and ``flush()`` agrees.
+
 NOTE: DDP registers a Python hook through ``torch.distributed._register_comm_hook`` (DDP's
-``register_comm_hook``); that is the one function wrapped. The wrapper keeps the hook's name, signature and
-annotations (DDP checks them and logs the name). tests/stale/test_paths.py runs DDP with torch's hooks, so a torch
-release that registers hooks another way fails there.
+``register_comm_hook``), and a joined rank shadows the backward pass in DDP's ``_match_all_reduce_for_bwd_pass``
+and ``_match_unused_params_allreduce``: those are the functions wrapped. The hook's wrapper keeps its name,
+signature and annotations (DDP checks them and logs the name). tests/stale/test_paths.py runs DDP with torch's
+hooks and with join(), so a torch release that changes either fails there.
 """
 
 from __future__ import annotations
@@ -41,8 +47,32 @@ def _scoped(hook):
     return scoped
 
 
+def _shadowing(method, new_pass: bool):
+    @functools.wraps(method)
+    def shadowing(self, *args, **kwargs):
+        _C._ddp_join_shadow_enter(new_pass)
+        try:
+            return method(self, *args, **kwargs)
+        finally:
+            _C._ddp_join_shadow_exit()
+
+    shadowing.__delaycomm_scoped__ = True
+    return shadowing
+
+
+def _install_join_shadow() -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    for name, new_pass in (("_match_all_reduce_for_bwd_pass", True), ("_match_unused_params_allreduce", False)):
+        method = getattr(DDP, name, None)
+        if method is not None and not getattr(method, "__delaycomm_scoped__", False):
+            setattr(DDP, name, _shadowing(method, new_pass))
+
+
 def install() -> None:
-    """Wrap ``torch.distributed._register_comm_hook`` (once) so that every DDP hook runs in its bucket's scope."""
+    """Wrap ``torch.distributed._register_comm_hook`` (once) so that every DDP hook runs in its bucket's scope, and
+    DDP's join() shadow of the backward pass so that it is recognised as one."""
+    _install_join_shadow()
     register = getattr(dist, "_register_comm_hook", None)
     if register is None or getattr(register, "__delaycomm_scoped__", False):
         return

@@ -11,8 +11,7 @@ and seed. For every path and rank, from the stats each path's own process group 
   (float64; to the hook's rounding for the fp16 and bf16 compress hooks).
 
 Several paths run in sequence in one torchrun job, each on a process group of its own, so CI pays the start of
-torch a few times only. FSDP2 on a 1-D mesh is tests/stale/test_fsdp.py's; DDP join() waits for flush() to agree on
-the union of pending streams across ranks.
+torch a few times only. FSDP2 on a 1-D mesh is tests/stale/test_fsdp.py's.
 """
 
 from __future__ import annotations
@@ -35,7 +34,20 @@ USER_ENV = {"DELAYCOMM_DELAY": "exp:p99=30ms", "DELAYCOMM_DELAY_FRACTION": "0.3"
 FRACTION = 0.3
 
 # Paths whose gradient reductions go stale, and paths whose reductions are never gradients.
-GRADIENT_PATHS = {"ddp", "tiny", "static", "nosync", "view", "fp16", "bf16", "compiled", "fsdp2", "hsdp", "tp_fsdp2"}
+GRADIENT_PATHS = {
+    "join",
+    "ddp",
+    "tiny",
+    "static",
+    "nosync",
+    "view",
+    "fp16",
+    "bf16",
+    "compiled",
+    "fsdp2",
+    "hsdp",
+    "tp_fsdp2",
+}
 FRESH_PATHS = {"metric", "tp", "unused"}
 
 
@@ -122,6 +134,8 @@ def _check_conservation(path: str, ssp: dict, world: int, rtol: float) -> None:
     """Under apply: delivered + flushed == the mean of every rank's contributions (the sum for the metric)."""
     ranks = ssp
     for rank, res in ranks.items():
+        if path == "join" and rank != world - 1:
+            continue  # a joined rank receives nothing after it joined: the last rank to join received everything
         for i, got in enumerate(res["delivered"]):
             want = sum(ranks[r]["contributed"][i] for r in ranks)
             if path != "metric":
@@ -141,6 +155,7 @@ DDP_PATHS = [
     "fp16",
     "bf16",
     "powersgd",
+    "join",
     "compiled",
     "metric",
     "tp",
@@ -164,6 +179,9 @@ def test_ddp_paths_metric_and_tp_two_ranks(tmp_path):
         ar = _ops(ssp["powersgd"][rank])["allreduce"]
         assert ar["kept_fresh_calls"] >= 3 * (STEPS - 10), dict(ar)
         assert ar["stale_calls"] > 0, dict(ar)
+    # join(): flush() delivered the same streams on every rank (the joined rank's shadow all-reduces are the same
+    # streams as the active rank's buckets).
+    assert ssp["join"][0]["flushed_numels"] == ssp["join"][1]["flushed_numels"]
     # find_unused_parameters: kept fresh (DDP drops late contributions to unused parameters), nothing lost.
     # A metric and TP's all-reduces: never stale. Each warned once, naming the op and why.
     for text in (
