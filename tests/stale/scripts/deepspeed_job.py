@@ -55,7 +55,7 @@ def main() -> None:
         loss = torch.nn.functional.mse_loss(engine(x), torch.tanh(x @ teacher))
         engine.backward(loss)
         engine.step()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
     delaycomm.flush()
     stats = delaycomm.stats()["groups"]  # DeepSpeed reduces gradients on a data-parallel group of its own
     os.makedirs(args.out, exist_ok=True)
