@@ -200,6 +200,8 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
     d["errors"] = s.errors.load();
     d["delayed_calls"] = s.delayedCalls.load();
     d["untimed"] = s.untimed.load();
+    d["stale_calls"] = s.staleCalls.load();
+    d["kept_fresh_calls"] = s.keptFreshCalls.load();
     d["latency"] = summarize(s.latencyNs, 1e-3, "_us");
     d["delay"] = summarize(s.delayNs, 1e-3, "_us");
     d["by_size"] = bySize(s.callNsBySize);
@@ -224,8 +226,8 @@ py::dict statsDict(const GroupStats& g, const StalenessEngine* e) {
   stale["stale_fresh_ratio_windowed"] = e ? e->windowedRatio() : 0.0;
   stale["pending_here"] = e ? e->pendingHere() : 0;
   stale["keys"] = e ? e->keyCount() : 0;
-  const auto src = e ? e->stepSource() : StalenessEngine::StepSource{};
-  using Kind = StalenessEngine::StepSource::Kind;
+  const auto src = e ? e->stepSource() : StepSource{};
+  using Kind = StepSource::Kind;
   stale["step_ms"] = static_cast<double>(src.stepNs) * 1e-6;
   stale["step_source"] = !e                              ? "off"
                          : src.kind == Kind::kConfigured ? "step_ms"
@@ -589,16 +591,25 @@ PYBIND11_MODULE(_C, m) {
       .value("BSP", StalenessMode::kBsp)
       .value("SSP", StalenessMode::kSsp)
       .value("ASP", StalenessMode::kAsp);
-  py::enum_<StalenessEngine::Policy>(m, "StalePolicy", "stale_policy=: what a late contribution does.")
-      .value("EMA", StalenessEngine::Policy::kEma)
-      .value("APPLY", StalenessEngine::Policy::kApply)
-      .value("DROP", StalenessEngine::Policy::kDrop);
+  py::enum_<StalePolicy>(m, "StalePolicy", "stale_policy=: what a late contribution does.")
+      .value("EMA", StalePolicy::kEma)
+      .value("APPLY", StalePolicy::kApply)
+      .value("DROP", StalePolicy::kDrop);
   py::enum_<DelayWhere>(m, "DelayWhere", "delay_where=: where a delay is paid.")
       .value("NETWORK", DelayWhere::kNetwork)
       .value("HOST", DelayWhere::kHost);
   py::enum_<DelayMode>(m, "DelayMode", "delay_mode=: add the delay, or match the target latency.")
       .value("ADD", DelayMode::kAdd)
       .value("MATCH", DelayMode::kMatch);
+
+  py::class_<StalenessOptions>(m, "StalenessOptions", "The staleness engine's typed, validated settings.")
+      .def(py::init<>())
+      .def_readwrite("mode", &StalenessOptions::mode)
+      .def_readwrite("bound", &StalenessOptions::bound)
+      .def_readwrite("policy", &StalenessOptions::policy)
+      .def_readwrite("alpha", &StalenessOptions::alpha)
+      .def_readwrite("step_ms", &StalenessOptions::stepMs)
+      .def_readwrite("max_pending", &StalenessOptions::maxPending);
 
   py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())
@@ -614,12 +625,7 @@ PYBIND11_MODULE(_C, m) {
       .def_readwrite("delay_burst", &BackendOptions::delayBurst)
       .def_readwrite("seed", &BackendOptions::seed)
       .def_readwrite("slowdown", &BackendOptions::slowdown)
-      .def_readwrite("staleness", &BackendOptions::staleness)
-      .def_readwrite("stale_bound", &BackendOptions::staleBound)
-      .def_readwrite("stale_policy", &BackendOptions::stalePolicy)
-      .def_readwrite("ema_alpha", &BackendOptions::emaAlpha)
-      .def_readwrite("step_ms", &BackendOptions::stepMs)
-      .def_readwrite("max_pending", &BackendOptions::maxPending)
+      .def_readwrite("stale", &BackendOptions::stale)
       .def_readwrite("store", &BackendOptions::store);
 
   py::class_<DelayBackend, GilReleasingHolder<DelayBackend>, c10d::Backend>(m, "DelayBackend")
@@ -742,4 +748,13 @@ PYBIND11_MODULE(_C, m) {
       "The staleness key of the stream that an FSDP2 reduction scope (e.g. 'FSDP::post_backward_reduce (0)') "
       "reduces with tensors of numel elements of dtype (tests compute the delay schedule of that stream with it).");
   // ---- end staleness scope keys ----------------------------------------------------------------------------------
+
+  // ---- staleness: DDP communication hooks (stale/Recognition.hpp, python/delaycomm/_ddp.py) ----------------------
+  m.def("_ddp_bucket_enter", &ddp_bucket_scope::enter, py::arg("index"), py::arg("numel"),
+        "Marks the calling thread as running a DDP communication hook on bucket `index` of `numel` elements.");
+  m.def("_ddp_bucket_exit", &ddp_bucket_scope::exit, "Ends the calling thread's DDP communication hook scope.");
+  m.def("_ddp_join_shadow_enter", &ddp_join_shadow::enter, py::arg("new_pass"),
+        "Marks the calling thread as shadowing DDP's backward pass on a joined rank (join()).");
+  m.def("_ddp_join_shadow_exit", &ddp_join_shadow::exit, "Ends the calling thread's join() shadow.");
+  // ---- end DDP communication hooks ------------------------------------------------------------------------------
 }

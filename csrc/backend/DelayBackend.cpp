@@ -13,23 +13,6 @@
 
 namespace delaycomm {
 
-namespace {
-
-// The factor of a PREMUL_SUM given as a number (FSDP2's gradient divide factor); nullopt for any other op, or
-// for a factor given as a tensor (reading it would synchronise with its device).
-std::optional<double> premulSumFactor(const c10d::ReduceOp& reduceOp) {
-  if (reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
-    return std::nullopt;
-  }
-  const auto* supplement = dynamic_cast<const c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
-  if (supplement == nullptr || supplement->tensor_factor.defined()) {
-    return std::nullopt;
-  }
-  return supplement->double_factor;
-}
-
-}  // namespace
-
 DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                            c10::intrusive_ptr<c10d::Backend> cudaInner, BackendOptions options)
     : c10d::Backend(rank, size),
@@ -53,20 +36,14 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
   delay.groupName = options_.groupName;
   injector_ = std::make_unique<DelayInjector>(rank, std::move(delay), static_cast<bool>(cpuInner_), stats_);
   fastPath_ = !injector_->engaged();
-  if (options_.staleness != StalenessMode::kBsp) {
+  if (options_.stale.mode != StalenessMode::kBsp) {
     TORCH_INTERNAL_ASSERT(options_.store, "delaycomm: DelayBackend: staleness needs the group's store");
-    TORCH_INTERNAL_ASSERT(options_.staleness == StalenessMode::kAsp || options_.staleBound >= 1,
-                          "delaycomm: DelayBackend: ssp needs a bound >= 1, got ", options_.staleBound);
-    StalenessEngine::Options so;
-    so.mode = options_.staleness == StalenessMode::kAsp ? StalenessEngine::Mode::kAsp : StalenessEngine::Mode::kSsp;
-    so.bound = options_.staleBound;
-    so.policy = options_.stalePolicy;
-    so.alpha = options_.emaAlpha;
-    so.stepMs = options_.stepMs;
-    so.maxPending = options_.maxPending;
-    so.timeout = options_.timeout;  // bounds the SSP gate and the step_ms=auto agreement (docs/staleness.md)
-    so.groupName = options_.groupName;
-    stale_ = std::make_unique<StalenessEngine>(rank, size, so, injector_->schedule(), options_.store, stats_);
+    StalenessOptions stale = options_.stale;
+    stale.timeout = options_.timeout;  // bounds the SSP gate and the ranks' agreement (docs/staleness.md)
+    stale.groupName = options_.groupName;
+    stale_ =
+        std::make_unique<StalenessEngine>(rank, size, std::move(stale), injector_->schedule(), options_.store, stats_);
+    staleRouter_ = std::make_unique<StaleRouter>(*stale_, *injector_, size);
   }
 }
 
@@ -117,124 +94,18 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce(std::vector<at::Tensor>& 
                                                        const c10d::AllreduceOptions& opts) {
   const bool cpuSparse = !tensors.empty() && tensors[0].is_sparse() && tensors[0].is_cpu();
   const auto device = checkTensors(OpKind::kAllreduce, "tensors", tensors, cpuSparse);
-  if (staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
-    return runStale(tensors[0], stale_->streamKey(tensors[0], /*scatter=*/false), opts.reduceOp == c10d::ReduceOp::AVG,
-                    opts);
+  if (staleRouter_) {
+    const StaleRoute route = staleRouter_->classify(OpKind::kAllreduce, tensors, opts.reduceOp, coalescing_);
+    if (route.stale) {
+      return runStaleAllreduce(route, tensors[0], opts);
+    }
+    if (route.keptFresh) {
+      keptFresh(OpKind::kAllreduce, tensors, route);
+    }
   }
   return run(
       OpKind::kAllreduce, device, bytesOf(tensors), tensors,
       [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, opts.asyncOp);
-}
-
-// The staleness engine takes a reduction when its op can be late at all: staleness is on, the delay schedule is
-// active and the op is among delay_ops (delay_ops=broadcast leaves all-reduces BSP), and it is a SUM/AVG of one
-// dense floating tensor outside a coalescing window, or for _reduce_scatter_base also a PREMUL_SUM by a number
-// (docs/staleness.md, "Which reductions go stale").
-bool DelayBackend::staleEligible(OpKind op, const std::vector<at::Tensor>& tensors,
-                                 const c10d::ReduceOp& reduceOp) const {
-  const DelaySchedule* schedule = injector_->schedule();
-  if (!stale_ || !schedule || !schedule->active() || !injector_->delays(op)) {
-    return false;
-  }
-  if (tensors.size() != 1 || coalescing_) {
-    return false;
-  }
-  const auto& t = tensors[0];
-  const auto kind = reduceOp.op_;
-  // PREMUL_SUM(f) is a SUM scaled by f (FSDP2 with a gradient divide factor): reduce-scatter only.
-  const bool premul = op == OpKind::kReduceScatterBase && premulSumFactor(reduceOp).has_value();
-  return !t.is_sparse() && at::isFloatingType(t.scalar_type()) &&
-         (kind == c10d::ReduceOp::SUM || kind == c10d::ReduceOp::AVG || premul);
-}
-
-c10::intrusive_ptr<c10d::Work> DelayBackend::runStale(at::Tensor& tensor, uint64_t key, bool average,
-                                                      const c10d::AllreduceOptions& opts) {
-  stale_->prepare(tensor, key, average);
-  c10d::AllreduceOptions sumOpts = opts;
-  sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
-  std::vector<at::Tensor> tensors{tensor};
-  return run(
-      OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
-      [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
-      /*applyDelay=*/false);
-}
-
-c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
-                                                                   const c10d::ReduceScatterOptions& opts) {
-  const int64_t n = getSize();
-  TORCH_CHECK_VALUE(input.numel() == output.numel() * n,
-                    "delaycomm: _reduce_scatter_base: inputBuffer must hold "
-                    "outputBuffer's elements times the group size (",
-                    output.numel(), " x ", n, " = ", output.numel() * n, "), got ", input.numel());
-  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(),
-                    "delaycomm: _reduce_scatter_base: inputBuffer and "
-                    "outputBuffer must have one dtype, got ",
-                    input.scalar_type(), " and ", output.scalar_type());
-  const auto kind = opts.reduceOp.op_;
-  const double scale = kind == c10d::ReduceOp::AVG          ? 1.0 / static_cast<double>(n)
-                       : kind == c10d::ReduceOp::PREMUL_SUM ? *premulSumFactor(opts.reduceOp)
-                                                            : 1.0;
-  const uint64_t key = stale_->streamKey(input, /*scatter=*/true);
-  // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
-  // reduce-scatter input afterwards (README, "Bounded staleness").
-  stale_->prepareScaled(input, key, scale, /*scatter=*/true);
-  c10d::ReduceScatterOptions sumOpts = opts;
-  sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
-  return run(
-      OpKind::kReduceScatterBase, input.device(), bytesOf(input), {output},
-      [output, input, sumOpts](c10d::Backend& b) mutable { return b._reduce_scatter_base(output, input, sumOpts); },
-      opts.asyncOp, /*applyDelay=*/false);
-}
-
-c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
-  std::vector<at::Tensor> tensors{tensor};
-  checkTensors(OpKind::kAllreduce, "tensor", tensors);
-  TORCH_CHECK_VALUE(key < StalenessEngine::kIdentityKeyBase, "delaycomm: stale_allreduce: key must be < 2^40, got ",
-                    key);
-  c10d::AllreduceOptions opts;
-  opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
-  if (!staleEligible(OpKind::kAllreduce, tensors, opts.reduceOp)) {
-    if (average && tensor.is_cpu()) {  // Gloo has no AVG: SUM, then divide (as DDP does)
-      tensor.div_(getSize());
-      opts.reduceOp = c10d::ReduceOp::SUM;
-    }
-    return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
-               [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
-  }
-  return runStale(tensor, key, average, opts);
-}
-
-std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
-  std::vector<std::pair<uint64_t, at::Tensor>> out;
-  if (!stale_) {
-    return out;
-  }
-  for (auto& [key, local] : stale_->takeFlush()) {
-    if (stale_->scatters(key)) {
-      // A reduce-scatter stream: one SUM reduce-scatter delivers this rank's shard of everything pending (what
-      // the stream's next steps would have delivered to it), with the bytes of the stream's own reduce-scatter.
-      at::Tensor shard = at::empty({local.numel() / getSize()}, local.options());
-      auto work = run(
-          OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
-          [shard, local](c10d::Backend& b) mutable {
-            c10d::ReduceScatterOptions sumOpts;
-            return b._reduce_scatter_base(shard, local, sumOpts);
-          },
-          true, /*applyDelay=*/false);
-      work->wait(injector_->timeout());
-      out.emplace_back(key, shard);
-      continue;
-    }
-    std::vector<at::Tensor> tensors{local};
-    c10d::AllreduceOptions opts;
-    auto work = run(
-        OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
-        [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
-        /*applyDelay=*/false);
-    work->wait(injector_->timeout());
-    out.emplace_back(key, local);
-  }
-  return out;
 }
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::allreduce_sparse(std::vector<at::Tensor>& tensors,
@@ -376,8 +247,15 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::_reduce_scatter_base(at::Tensor& ou
                                                                   const c10d::ReduceScatterOptions& opts) {
   const auto device = checkTensor(OpKind::kReduceScatterBase, "inputBuffer", input);
   checkTensor(OpKind::kReduceScatterBase, "outputBuffer", output);
-  if (staleEligible(OpKind::kReduceScatterBase, {input}, opts.reduceOp)) {
-    return runStaleReduceScatter(output, input, opts);
+  if (staleRouter_) {
+    checkStaleReduceScatter(output, input);
+    const StaleRoute route = staleRouter_->classify(OpKind::kReduceScatterBase, {input}, opts.reduceOp, coalescing_);
+    if (route.stale) {
+      return runStaleReduceScatter(route, output, input, opts);
+    }
+    if (route.keptFresh) {
+      keptFresh(OpKind::kReduceScatterBase, {input}, route);
+    }
   }
   return run(
       OpKind::kReduceScatterBase, device, bytesOf(input), {output},
@@ -496,6 +374,9 @@ uint64_t DelayBackend::getSequenceNumberForGroup() {
 }
 
 void DelayBackend::abort() {
+  if (stale_) {
+    stale_->close();  // a caller waiting at the SSP gate raises
+  }
   injector_->abort();  // host sleepers raise, held-back ops fail (none is issued)
   if (cpuInner_) {
     cpuInner_->abort();
@@ -532,9 +413,13 @@ void DelayBackend::shutdown() {
                    << "delaycomm.flush(group) before destroy_process_group to deliver them.";
     }
   }
-  // Never wait out a delay: callers sleeping in a host delay or slowdown wake and raise (their ops are not issued);
+  // Never wait out a delay: callers sleeping in a host delay, a slowdown or at the SSP gate wake and raise (their ops
+  // are not issued);
   // the ops the issuer holds back are issued now, in order (every rank issues the same sequence), and the issuer
   // thread is joined before the inner backends shut down.
+  if (stale_) {
+    stale_->close();
+  }
   injector_->close();
   if (cpuInner_) {
     cpuInner_->shutdown();

@@ -17,13 +17,12 @@
 #include "backend/DelayWork.hpp"
 #include "delay/DelayInjector.hpp"
 #include "delay/Schedule.hpp"
+#include "stale/StaleOptions.hpp"
+#include "stale/StaleRouter.hpp"
 #include "stale/StalenessEngine.hpp"
 #include "stats/OpStats.hpp"
 
 namespace delaycomm {
-
-// The consistency model of a group (docs/staleness.md): bsp leaves the staleness engine off.
-enum class StalenessMode { kBsp, kSsp, kAsp };
 
 // Construction-time settings of a DelayBackend. Typed and already validated: Python's delaycomm._config checks the
 // user's values once (its messages name the option, where the value came from and what is accepted) and
@@ -45,15 +44,10 @@ struct BackendOptions {
   uint64_t seed = 0;
   double slowdown = 1.0;  // this rank's compute slowdown factor K (>= 1; 1 = none)
 
-  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp).
-  StalenessMode staleness = StalenessMode::kBsp;
-  int64_t staleBound = 0;  // S of ssp:S (>= 1 under ssp)
-  StalenessEngine::Policy stalePolicy = StalenessEngine::Policy::kEma;
-  double emaAlpha = 0.1;  // in (0, 1]
-  double stepMs = 0.0;    // <= 0: calibrated
-  int64_t maxPending = 64;
-  c10::intrusive_ptr<c10d::Store> store;  // the group's store (step calibration); required unless bsp
-  // The engine's SSP gate wait and step agreement are bounded by `timeout` above (docs/staleness.md).
+  // Staleness (docs/staleness.md; stale/StalenessEngine.hpp): mode bsp leaves the engine off. Its timeout and
+  // group name are the group's (above).
+  StalenessOptions stale;
+  c10::intrusive_ptr<c10d::Store> store;  // the group's store (the ranks' agreement); required unless bsp
 };
 
 // DelayBackend: a c10d::Backend that routes every op by the device of its tensors to an inner backend built in
@@ -218,15 +212,20 @@ class DelayBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op, uint64_t seq,
                                                Clock::time_point calledAt, const std::vector<at::Tensor>& outputs,
                                                const CallTiming& call);
-  // The stale path of allreduce: blend in place (StalenessEngine::prepare), then one SUM all-reduce.
-  c10::intrusive_ptr<c10d::Work> runStale(at::Tensor& tensor, uint64_t key, bool average,
-                                          const c10d::AllreduceOptions& opts);
-  // The stale path of _reduce_scatter_base (FSDP2's reduce-scatter): blend the full input in place
-  // (StalenessEngine::prepareScaled), then one SUM reduce-scatter of the original size.
-  c10::intrusive_ptr<c10d::Work> runStaleReduceScatter(at::Tensor& output, at::Tensor& input,
+  // The stale path (stale/StalePath.cpp), for a reduction that staleRouter_ routed there. allreduce: blend in
+  // place (StalenessEngine::prepareScaled), then one SUM all-reduce.
+  c10::intrusive_ptr<c10d::Work> runStaleAllreduce(const StaleRoute& route, at::Tensor& tensor,
+                                                   const c10d::AllreduceOptions& opts);
+  // _reduce_scatter_base (FSDP2's reduce-scatter): blend the full input in place, then one SUM reduce-scatter of
+  // the original size (checkStaleReduceScatter first).
+  c10::intrusive_ptr<c10d::Work> runStaleReduceScatter(const StaleRoute& route, at::Tensor& output, at::Tensor& input,
                                                        const c10d::ReduceScatterOptions& opts);
-  // Whether reduction `op` of `tensors` goes through the staleness engine (see DelayBackend.cpp).
-  bool staleEligible(OpKind op, const std::vector<at::Tensor>& tensors, const c10d::ReduceOp& reduceOp) const;
+  void checkStaleReduceScatter(const at::Tensor& output, const at::Tensor& input) const;
+  // A reduction staleness could take but kept fresh (not a gradient reduction: route.keptFresh): counted in
+  // kept_fresh_calls, warned about once per reason and group (docs/staleness.md, "Which reductions go stale").
+  void keptFresh(OpKind op, const std::vector<at::Tensor>& tensors, const StaleRoute& route);
+  // Counts a stale step's delay in the op's stats (delayed_calls, stale_calls).
+  void countStale(OpKind op, const StalenessEngine::StepInfo& info);
   c10d::Backend& innerFor(OpKind op, c10::Device device);
   // Drops the reference to the inner Gloo backend: its worker threads stop and are joined when it was the last.
   void releaseGloo();
@@ -246,7 +245,9 @@ class DelayBackend : public c10d::Backend {
   std::unique_ptr<DelayInjector> injector_;  // before stale_, which reads its schedule
   // Nothing configured acts on this rank's ops (!injector_->engaged()): CPU ops take runDirect().
   bool fastPath_ = true;
-  std::unique_ptr<StalenessEngine> stale_;
+  std::unique_ptr<StalenessEngine> stale_;    // null under bsp
+  std::unique_ptr<StaleRouter> staleRouter_;  // with stale_: which reductions go stale
+  std::array<std::atomic<bool>, GradientRecognizer::kNumReasons> freshWarned_{};
   std::mutex hookMutex_;
   std::function<void()> shutdownHook_;
 

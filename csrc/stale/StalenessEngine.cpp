@@ -1,27 +1,22 @@
-// The staleness engine (stale/StalenessEngine.hpp): one step and flush. Keys and step_ms=auto are in
-// stale/Streams.cpp. Design notes: docs/staleness.md.
+// The staleness engine (stale/StalenessEngine.hpp): one step as a sequence of its parts, and flush. Design notes:
+// docs/staleness.md.
 
 #include "stale/StalenessEngine.hpp"
 
 #include <algorithm>
 #include <cmath>
 #include <sstream>
-#include <thread>
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
 #include "kernels/Blend.hpp"
 #include "stale/FsdpScope.hpp"
+#include "stale/Weights.hpp"
 
 namespace delaycomm {
 
 namespace {
-
-// ceil(d / step) for d, step > 0, without the overflow of (d + step - 1) / step near INT64_MAX.
-int64_t stepsOf(int64_t d, int64_t stepNs) {
-  return d / stepNs + (d % stepNs != 0 ? 1 : 0);
-}
 
 std::string msText(int64_t ns) {
   std::ostringstream s;
@@ -32,290 +27,239 @@ std::string msText(int64_t ns) {
 
 }  // namespace
 
-StalenessEngine::StalenessEngine(int rank, int size, Options options, const DelaySchedule* schedule,
+StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, const DelaySchedule* schedule,
                                  c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<GroupStats> stats)
     : rank_(rank),
       size_(size),
       options_(std::move(options)),
       schedule_(schedule),
-      store_(std::move(store)),
-      stats_(std::move(stats)) {
-  TORCH_CHECK_VALUE(options_.mode == Mode::kAsp || options_.bound >= 1,
-                    "delaycomm: StalenessEngine: ssp bound must be >= 1 (ssp:0 is bsp), got ", options_.bound);
-  TORCH_CHECK_VALUE(options_.alpha > 0.0 && options_.alpha <= 1.0,
-                    "delaycomm: StalenessEngine: ema_alpha must be in (0, 1], got ", options_.alpha);
-  TORCH_CHECK_VALUE(options_.maxPending >= 1, "delaycomm: StalenessEngine: max_pending must be >= 1, got ",
-                    options_.maxPending);
-  TORCH_CHECK_VALUE(options_.calibrationSteps >= 1, "delaycomm: StalenessEngine: calibrationSteps must be >= 1, got ",
-                    options_.calibrationSteps);
-  TORCH_CHECK_VALUE(options_.maxKeys >= 1, "delaycomm: StalenessEngine: maxKeys must be >= 1, got ", options_.maxKeys);
-  TORCH_CHECK_VALUE(options_.timeout.count() > 0, "delaycomm: StalenessEngine: timeout must be > 0 ms, got ",
-                    options_.timeout.count());
-  TORCH_CHECK_VALUE(std::isfinite(options_.stepMs) && options_.stepMs < 9.2e12,
-                    "delaycomm: StalenessEngine: step_ms must be a finite number of milliseconds below 9.2e12 "
-                    "(it is held in int64 nanoseconds), got ",
-                    options_.stepMs);
-  if (options_.stepMs > 0.0) {
-    stepNs_ = std::max<int64_t>(1, static_cast<int64_t>(std::llround(options_.stepMs * 1e6)));
-    source_.kind = StepSource::Kind::kConfigured;
-    source_.stepNs = stepNs_;
-  }
+      stats_(std::move(stats)),
+      agreement_(rank, size, std::move(store), options_.timeout),
+      keys_(size, options_.maxKeys),
+      clock_(rank, options_, &agreement_) {
+  // Validated once, by delaycomm._config (docs/config.md); what the engine relies on:
+  TORCH_INTERNAL_ASSERT(options_.mode == StalenessMode::kSsp || options_.mode == StalenessMode::kAsp,
+                        "delaycomm: StalenessEngine: staleness must be ssp or asp");
+  TORCH_INTERNAL_ASSERT(options_.mode == StalenessMode::kAsp || options_.bound >= 1,
+                        "delaycomm: StalenessEngine: ssp needs a bound >= 1, got ", options_.bound);
+  TORCH_INTERNAL_ASSERT(options_.timeout.count() > 0, "delaycomm: StalenessEngine: the timeout must be > 0 ms");
   fsdp_scope::acquire();
 }
 
 StalenessEngine::~StalenessEngine() {
+  gate_.close();
   fsdp_scope::release();
 }
 
+uint64_t StalenessEngine::namedKey(const std::string& name, const at::Tensor& t, bool scatter) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return keys_.scopedKey(name, t, scatter);
+}
+
 // ---------------------------------------------------------------------------------------------------------------
-// One step
-
-StalenessEngine::Plan StalenessEngine::planLocked(uint64_t key, uint64_t step, int64_t stepNs) const {
-  Plan plan;
-  plan.k.assign(static_cast<size_t>(size_), 0);
-  plan.waitNs.assign(static_cast<size_t>(size_), 0);
-  plan.delayNs.assign(static_cast<size_t>(size_), 0);
-  // No deferral on a key's first step (DDP's bucket rebuild) nor before the step time is known.
-  const bool canDefer = step >= 1 && stepNs > 0 && schedule_ != nullptr && schedule_->active();
-  for (int r = 0; r < size_; ++r) {
-    int64_t k = 0;
-    if (canDefer) {
-      const int64_t d = schedule_->delayNs(r, DelaySchedule::keyStream(key), step);
-      plan.delayNs[static_cast<size_t>(r)] = d;
-      if (d > 0) {
-        k = stepsOf(d, stepNs);
-        if (options_.mode == Mode::kSsp && k > options_.bound) {
-          // k > S means d > S * step, so the product does not overflow.
-          plan.waitNs[static_cast<size_t>(r)] = d - options_.bound * stepNs;
-          k = options_.bound;
-        }
-      }
-    }
-    plan.k[static_cast<size_t>(r)] = k;
-    if (k == 0) {
-      ++plan.nFresh;
-    }
-  }
-  return plan;
-}
-
-// asp: a late contribution beyond max_pending in flight for its rank. Computed for every rank from the shared
-// schedule, so every rank raises the same error at the same step, before any state changes.
-void StalenessEngine::checkPendingLocked(const KeyState& ks, uint64_t key, uint64_t step, const Plan& plan) const {
-  if (options_.mode != Mode::kAsp || options_.policy == Policy::kDrop) {
-    return;
-  }
-  std::vector<int64_t> dueNow(static_cast<size_t>(size_), 0);
-  if (auto it = ks.arrivals.find(step); it != ks.arrivals.end()) {
-    for (const auto& a : it->second) {
-      ++dueNow[static_cast<size_t>(a.rank)];
-    }
-  }
-  for (int r = 0; r < size_; ++r) {
-    const auto i = static_cast<size_t>(r);
-    if (plan.k[i] > 0 && ks.pendingOf[i] - dueNow[i] >= options_.maxPending) {
-      TORCH_CHECK(false, "delaycomm: stale ", opTextLocked(key), " on group '", options_.groupName, "': at step ", step,
-                  " of ", describeKeyLocked(key), ", rank ", r, "'s contribution is late again while it already has ",
-                  ks.pendingOf[i] - dueNow[i],
-                  " in flight: staleness=asp holds at most max_pending=", options_.maxPending,
-                  " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the delay or delay_fraction, "
-                  "or bound staleness with staleness=ssp:S. Every rank raises this error at this step; nothing of "
-                  "the step was applied");
-    }
-  }
-}
-
-void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const Plan& plan, int64_t stepNs) const {
-  const auto i = static_cast<size_t>(late);
-  // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
-  C10_THROW_ERROR(
-      DistBackendError,
-      c10::str("delaycomm: ", opTextLocked(key), " (step ", step, " of ", describeKeyLocked(key), ", group '",
-               options_.groupName, "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
-               " ms (the group's timeout): rank ", late, "'s contribution is held back by an injected delay of ",
-               msText(plan.delayNs[i]), " ms, of which ", options_.bound, " step(s) of staleness (step ",
-               msText(stepNs), " ms) cover ", msText(options_.bound * stepNs), " ms and ", msText(plan.waitNs[i]),
-               " ms are paid as waiting; a delay longer than the timeout is a timeout"));
-}
-
-StalenessEngine::StepInfo StalenessEngine::prepare(at::Tensor& t, uint64_t key, bool average) {
-  return prepareScaled(t, key, average ? 1.0 / static_cast<double>(size_) : 1.0, /*scatter=*/false);
-}
+// One step: plan, check, update, weights, blend, record (docs/staleness.md, "The parts")
 
 StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t key, double resultScale,
                                                          bool scatter) {
-  TORCH_CHECK_VALUE(std::isfinite(resultScale),
-                    "delaycomm: stale reduction: the result scale (PREMUL_SUM factor) "
-                    "must be finite, got ",
-                    resultScale);
-  std::vector<std::string> warnings;
-  auto emitWarnings = [&] {
-    if (onWarn) {
-      for (const auto& w : warnings) {
-        onWarn(w);
-      }
-    }
-    warnings.clear();
-  };
+  TORCH_INTERNAL_ASSERT(std::isfinite(resultScale), "delaycomm: stale reduction: the result scale must be finite");
+  Warnings warnings;
   std::unique_lock<std::mutex> lock(mutex_);
   ++calls_;
-  std::string warning;
-  touchLocked(key, t);
-  evictLocked(&warning);
-  int64_t stepNs = stepNs_;
-  if (stepNs == 0) {
-    auto proposal = calibrationLocked(keys_.at(key), key, &warning);
-    if (proposal) {
-      lock.unlock();
-      if (!warning.empty()) {
-        warnings.push_back(std::move(warning));
-        warning.clear();
-        emitWarnings();
-      }
-      int64_t agreed = 0;
-      try {
-        agreed = agreeOnStep(*proposal);
-      } catch (...) {
-        lock.lock();
-        calibrating_ = false;
-        throw;
-      }
-      lock.lock();
-      stepNs_ = agreed;
-      calibrating_ = false;
-      source_ =
-          StepSource{StepSource::Kind::kCalibrated, agreed, proposal->keyText, proposal->intervals, proposal->call};
-      stepNs = agreed;
-    }
-  }
-  if (!warning.empty()) {
-    warnings.push_back(std::move(warning));
-  }
-  // Re-find: the lock may have been released above.
-  KeyState& ks = touchLocked(key, t);
-  const uint64_t step = ks.step;
+  const int64_t stepNs = stepTimeLocked(lock, key, t, warnings);
+  KeyTable::Stream& stream = keys_.touch(key, t);  // found again: the lock may have been released above
+  const uint64_t step = stream.step;
 
-  // Checks first: each raises on every rank alike, before this step changes anything.
-  if (options_.policy != Policy::kDrop && !ks.arrivals.empty()) {
-    TORCH_CHECK_VALUE(t.numel() == ks.numel && t.scalar_type() == ks.prototype.scalar_type(), "delaycomm: stale ",
-                      opTextLocked(key), ": ", describeKeyLocked(key), " changed from ", ks.numel, " x ",
-                      ks.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
-                      " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
-                      "delaycomm.stale_allreduce(key=...))");
-  }
-  const Plan plan = planLocked(key, step, stepNs);
-  const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.timeout).count();
-  int late = -1;
-  for (int r = 0; r < size_; ++r) {
-    if (plan.waitNs[static_cast<size_t>(r)] > timeoutNs &&
-        (late < 0 || plan.waitNs[static_cast<size_t>(r)] > plan.waitNs[static_cast<size_t>(late)])) {
-      late = r;
-    }
-  }
-  if (late >= 0) {
-    // Every rank waits out the timeout (the late rank at the gate, the others as they would in the collective)
-    // and raises the same error; no rank issues the reduction, so the inner group stays in step.
-    lock.unlock();
-    emitWarnings();
-    std::this_thread::sleep_for(options_.timeout);
-    lock.lock();
-    throwGateTimeout(key, step, late, plan, stepNs);
-  }
-  checkPendingLocked(ks, key, step, plan);
+  const StepPlan plan = planStep(schedule_, key, step, stepNs, options_.mode, options_.bound, size_);
+  checkStepLocked(stream, t, key, plan, lock, warnings);
+  const std::vector<KeyTable::Arrival> arriving = advanceLocked(stream, t, plan, resultScale, scatter);
+  digest_.add(key, t.numel(), t.scalar_type(), scatter);
 
-  // The step.
-  ks.step++;
-  ks.seen++;
-  ks.resultScale = resultScale;
-  ks.scatter = scatter;
-  ks.numel = t.numel();
-  if (ks.prototype.scalar_type() != t.scalar_type() || ks.prototype.device() != t.device()) {
-    ks.prototype = at::empty({0}, t.options());
-  }
-  for (int r = 0; r < size_; ++r) {
-    const int64_t k = plan.k[static_cast<size_t>(r)];
-    if (k > 0) {
-      ks.arrivals[step + static_cast<uint64_t>(k)].push_back(Arrival{r, k});
-      if (options_.policy != Policy::kDrop) {
-        ++ks.pendingOf[static_cast<size_t>(r)];
-      }
-    }
-  }
-  std::vector<Arrival> arriving;
-  if (auto it = ks.arrivals.find(step); it != ks.arrivals.end()) {
-    arriving = std::move(it->second);
-    ks.arrivals.erase(it);
-  }
-  const int64_t nStale = static_cast<int64_t>(arriving.size());
-  const int64_t nFresh = plan.nFresh;
-  if (options_.policy != Policy::kDrop) {
-    for (const auto& a : arriving) {
-      --ks.pendingOf[static_cast<size_t>(a.rank)];
-    }
-  }
-
-  // This rank's own due contributions.
-  std::vector<at::Tensor> due;
-  for (auto it = ks.mine.begin(); it != ks.mine.end();) {
+  std::vector<at::Tensor> due;  // this rank's own contributions due now (under asp not in deferral order)
+  for (auto it = stream.mine.begin(); it != stream.mine.end();) {
     if (it->due == step) {
       due.push_back(std::move(it->tensor));
-      it = ks.mine.erase(it);
+      it = stream.mine.erase(it);
     } else {
       ++it;
     }
   }
-
-  const int64_t myK = plan.k[static_cast<size_t>(rank_)];
-  const int64_t myWaitNs = plan.waitNs[static_cast<size_t>(rank_)];
-  const double n = static_cast<double>(size_);
-  const bool fresh = myK == 0;
-  double a = 0.0;
-  double b = 0.0;
-  switch (options_.policy) {
-    case Policy::kApply:
-      a = fresh ? 1.0 : 0.0;
-      b = 1.0;
-      break;
-    case Policy::kDrop:
-      a = (fresh && nFresh > 0) ? n / static_cast<double>(nFresh) : 0.0;
-      b = 0.0;
-      due.clear();
-      break;
-    case Policy::kEma:
-      if (nStale > 0 && nFresh > 0) {
-        a = fresh ? n * (1.0 - options_.alpha) / static_cast<double>(nFresh) : 0.0;
-        b = n * options_.alpha / static_cast<double>(nStale);
-      } else if (nStale > 0) {
-        a = 0.0;
-        b = n / static_cast<double>(nStale);
-      } else {
-        a = (fresh && nFresh > 0) ? n / static_cast<double>(nFresh) : 0.0;
-      }
-      break;
-  }
-  a *= resultScale;
-  b *= resultScale;
+  const auto me = static_cast<size_t>(rank_);
+  const bool fresh = plan.lateness[me] == 0;
+  const BlendWeights w = stepWeights(options_.policy, options_.alpha, size_, plan.nFresh,
+                                     static_cast<int64_t>(arriving.size()), fresh, resultScale);
 
   std::optional<at::Tensor> stash;
-  if (!fresh && options_.policy != Policy::kDrop) {
+  if (!fresh && options_.policy != StalePolicy::kDrop) {
     stash = at::empty_like(t, at::MemoryFormat::Contiguous);
-    ks.mine.push_back(Pending{step + static_cast<uint64_t>(myK), step, *stash});
+    stream.mine.push_back(KeyTable::Deferred{step + static_cast<uint64_t>(plan.lateness[me]), step, *stash});
   }
-  std::vector<double> scales(due.size(), b);
-  kernels::fusedBlend(t, a, due, scales, stash);
+  kernels::fusedBlend(t, w.fresh, due, std::vector<double>(due.size(), w.stale), stash);
 
-  auto& st = stats_->staleness();
-  st.steps.fetch_add(1, std::memory_order_relaxed);
-  st.fresh.fetch_add(static_cast<uint64_t>(nFresh), std::memory_order_relaxed);
-  if (options_.policy == Policy::kDrop) {
-    st.dropped.fetch_add(static_cast<uint64_t>(nStale), std::memory_order_relaxed);
-  } else {
-    st.stale.fetch_add(static_cast<uint64_t>(nStale), std::memory_order_relaxed);
-    for (const auto& arrival : arriving) {
-      st.stalenessSteps.record(static_cast<double>(arrival.staleness));
+  recordLocked(plan.nFresh, arriving, warnings);
+  StepInfo info;
+  info.key = key;
+  info.step = step;
+  info.nFresh = plan.nFresh;
+  info.nStale = static_cast<int64_t>(arriving.size());
+  info.mineFresh = fresh;
+  info.mineDue = static_cast<int64_t>(due.size());
+  info.freshScale = w.fresh;
+  info.blockedNs = plan.gateWaitNs[me];
+  info.deferrable = plan.deferrable;
+  info.delayNs = plan.delayNs[me];
+  const std::string keyText = info.blockedNs > 0 ? keys_.describe(key) : std::string();
+  const char* op = keys_.opText(key);
+  lock.unlock();
+  emit(warnings);
+  if (info.blockedNs > 0) {
+    waitAtGate(key, step, info.blockedNs, op, keyText);
+  }
+  return info;
+}
+
+// The step time, calibrating it on the way (the key is touched first: it is a call of its stream).
+int64_t StalenessEngine::stepTimeLocked(std::unique_lock<std::mutex>& lock, uint64_t key, const at::Tensor& t,
+                                        Warnings& warnings) {
+  KeyTable::Stream& stream = keys_.touch(key, t);
+  if (keys_.evict() && !warnedUnengaged_) {
+    warnedUnengaged_ = true;
+    warnings.push_back(c10::str(
+        "delaycomm: group '", options_.groupName, "': more than ", options_.maxKeys,
+        " reduced tensors were each seen once: the tensors are new storage on (almost) every call, so they cannot "
+        "be keyed as one stream by storage identity, and staleness never engages for them (they are reduced fresh; "
+        "the key table keeps the ",
+        options_.maxKeys,
+        " most recent). Key the stream explicitly: for DDP, ddp.register_comm_hook(None, delaycomm.ddp_hook); "
+        "otherwise delaycomm.stale_allreduce(tensor, key=...). See docs/staleness.md"));
+  }
+  if (clock_.stepNs() > 0) {
+    return clock_.stepNs();
+  }
+  auto proposal = clock_.observe(stream.times, key, calls_);
+  if (!proposal) {
+    if (!warnedUnengaged_) {
+      if (auto warning = clock_.notEngagedWarning(calls_, keys_)) {
+        warnedUnengaged_ = true;
+        warnings.push_back(std::move(*warning));
+      }
+    }
+    return 0;
+  }
+  proposal->keyText = keys_.describe(key);
+  lock.unlock();
+  emit(warnings);
+  int64_t agreed = 0;
+  try {
+    agreed = clock_.agree(*proposal);
+  } catch (...) {
+    lock.lock();
+    clock_.abandon();
+    throw;
+  }
+  lock.lock();
+  clock_.settle(*proposal, agreed);
+  return agreed;
+}
+
+// Each check raises on every rank alike (all compute it from the shared schedule), before the step changes anything.
+void StalenessEngine::checkStepLocked(const KeyTable::Stream& stream, const at::Tensor& t, uint64_t key,
+                                      const StepPlan& plan, std::unique_lock<std::mutex>& lock, Warnings& warnings) {
+  if (options_.policy != StalePolicy::kDrop && !stream.arrivals.empty()) {
+    TORCH_CHECK_VALUE(t.numel() == stream.numel && t.scalar_type() == stream.prototype.scalar_type(),
+                      "delaycomm: stale ", keys_.opText(key), ": ", keys_.describe(key), " changed from ", stream.numel,
+                      " x ", stream.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
+                      " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
+                      "delaycomm.stale_allreduce(key=...))");
+  }
+  const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.timeout).count();
+  if (const int late = plan.gateTimeoutRank(timeoutNs); late >= 0) {
+    // Every rank waits out the timeout (the late rank at the gate, the others as they would in the collective)
+    // and raises the same error; no rank issues the reduction, so the inner group stays in step.
+    const std::string keyText = keys_.describe(key);
+    const char* op = keys_.opText(key);
+    lock.unlock();
+    emit(warnings);
+    if (gate_.sleepUntil(SteadyClock::now() + options_.timeout, SteadyClock::time_point::max()) ==
+        HostSleeper::Woke::kClosed) {
+      throwClosed(op, stream.step, keyText);
+    }
+    lock.lock();
+    throwGateTimeout(key, stream.step, late, plan, clock_.stepNs());
+  }
+  if (options_.mode != StalenessMode::kAsp || options_.policy == StalePolicy::kDrop) {
+    return;
+  }
+  // asp: a late contribution beyond max_pending in flight for its rank.
+  std::vector<int64_t> dueNow(static_cast<size_t>(size_), 0);
+  if (auto it = stream.arrivals.find(stream.step); it != stream.arrivals.end()) {
+    for (const auto& arrival : it->second) {
+      ++dueNow[static_cast<size_t>(arrival.rank)];
     }
   }
-  recordWindow(nFresh, options_.policy == Policy::kDrop ? 0 : nStale);
+  for (size_t r = 0; r < dueNow.size(); ++r) {
+    const int64_t inFlight = stream.pendingOf[r] - dueNow[r];
+    TORCH_CHECK(plan.lateness[r] == 0 || inFlight < options_.maxPending, "delaycomm: stale ", keys_.opText(key),
+                " on group '", options_.groupName, "': at step ", stream.step, " of ", keys_.describe(key), ", rank ",
+                r, "'s contribution is late again while it already has ", inFlight,
+                " in flight: staleness=asp holds at most max_pending=", options_.maxPending,
+                " per rank and key. Raise max_pending (DELAYCOMM_MAX_PENDING), lower the delay or delay_fraction, "
+                "or bound staleness with staleness=ssp:S. Every rank raises this error at this step; nothing of "
+                "the step was applied");
+  }
+}
+
+std::vector<KeyTable::Arrival> StalenessEngine::advanceLocked(KeyTable::Stream& stream, const at::Tensor& t,
+                                                              const StepPlan& plan, double resultScale, bool scatter) {
+  const uint64_t step = stream.step;
+  const bool keep = options_.policy != StalePolicy::kDrop;
+  stream.step++;
+  stream.seen++;
+  stream.resultScale = resultScale;
+  stream.scatter = scatter;
+  stream.numel = t.numel();
+  if (stream.prototype.scalar_type() != t.scalar_type() || stream.prototype.device() != t.device()) {
+    stream.prototype = at::empty({0}, t.options());
+  }
+  for (size_t r = 0; r < plan.lateness.size(); ++r) {
+    const int64_t k = plan.lateness[r];
+    if (k > 0) {
+      stream.arrivals[step + static_cast<uint64_t>(k)].push_back(KeyTable::Arrival{static_cast<int>(r), k});
+      stream.pendingOf[r] += keep ? 1 : 0;
+    }
+  }
+  std::vector<KeyTable::Arrival> arriving;
+  if (auto it = stream.arrivals.find(step); it != stream.arrivals.end()) {
+    arriving = std::move(it->second);
+    stream.arrivals.erase(it);
+  }
+  for (const auto& arrival : arriving) {
+    stream.pendingOf[static_cast<size_t>(arrival.rank)] -= keep ? 1 : 0;
+  }
+  return arriving;
+}
+
+void StalenessEngine::recordLocked(int64_t nFresh, const std::vector<KeyTable::Arrival>& arriving, Warnings& warnings) {
+  const auto nStale = static_cast<int64_t>(arriving.size());
+  auto& counters = stats_->staleness();
+  counters.steps.fetch_add(1, std::memory_order_relaxed);
+  counters.fresh.fetch_add(static_cast<uint64_t>(nFresh), std::memory_order_relaxed);
+  const bool drop = options_.policy == StalePolicy::kDrop;
+  if (drop) {
+    counters.dropped.fetch_add(static_cast<uint64_t>(nStale), std::memory_order_relaxed);
+  } else {
+    counters.stale.fetch_add(static_cast<uint64_t>(nStale), std::memory_order_relaxed);
+    for (const auto& arrival : arriving) {
+      counters.stalenessSteps.record(static_cast<double>(arrival.staleness));
+    }
+  }
+  window_.emplace_back(nFresh, drop ? 0 : nStale);
+  windowFresh_ += nFresh;
+  windowStale_ += drop ? 0 : nStale;
+  while (static_cast<int64_t>(window_.size()) > options_.window) {
+    windowFresh_ -= window_.front().first;
+    windowStale_ -= window_.front().second;
+    window_.pop_front();
+  }
   if (!warnedRatio_ && static_cast<int64_t>(window_.size()) >= std::min<int64_t>(options_.window, 20) &&
       windowedRatioLocked() > options_.warnRatio) {
     warnedRatio_ = true;
@@ -325,36 +269,50 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
         << "(DELAYCOMM_DELAY_FRACTION) or the delay, raise step_ms, or bound staleness with a smaller staleness=ssp:S";
     warnings.push_back(msg.str());
   }
-
-  StepInfo info;
-  info.key = key;
-  info.step = step;
-  info.nFresh = nFresh;
-  info.nStale = nStale;
-  info.mineFresh = fresh;
-  info.mineDue = static_cast<int64_t>(due.size());
-  info.freshScale = a;
-  lock.unlock();
-  emitWarnings();
-  if (myWaitNs > 0) {
-    // SSP gate: the delay beyond S steps is paid in wall clock before this rank joins the step (at most the
-    // group's timeout: longer waits raised above).
-    std::this_thread::sleep_for(std::chrono::nanoseconds(myWaitNs));
-    st.blockedNs.fetch_add(static_cast<uint64_t>(myWaitNs), std::memory_order_relaxed);
-    info.blockedNs = myWaitNs;
-  }
-  return info;
 }
 
-void StalenessEngine::recordWindow(int64_t nFresh, int64_t nStale) {
-  window_.emplace_back(nFresh, nStale);
-  windowFresh_ += nFresh;
-  windowStale_ += nStale;
-  while (static_cast<int64_t>(window_.size()) > options_.window) {
-    windowFresh_ -= window_.front().first;
-    windowStale_ -= window_.front().second;
-    window_.pop_front();
+// SSP gate: the delay beyond S steps is paid in wall clock before this rank joins the step (at most the group's
+// timeout: longer waits raised in checkStepLocked), and ends at once when the group is destroyed or aborted.
+void StalenessEngine::waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op,
+                                 const std::string& keyText) {
+  const auto woke =
+      gate_.sleepUntil(SteadyClock::now() + std::chrono::nanoseconds(waitNs), SteadyClock::time_point::max());
+  if (woke == HostSleeper::Woke::kClosed) {
+    throwClosed(op, step, keyText);
   }
+  stats_->staleness().blockedNs.fetch_add(static_cast<uint64_t>(waitNs), std::memory_order_relaxed);
+}
+
+void StalenessEngine::emit(Warnings& warnings) const {
+  if (onWarn) {
+    for (const auto& w : warnings) {
+      onWarn(w);
+    }
+  }
+  warnings.clear();
+}
+
+void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan,
+                                       int64_t stepNs) const {
+  const auto i = static_cast<size_t>(late);
+  // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
+  C10_THROW_ERROR(
+      DistBackendError,
+      c10::str("delaycomm: ", keys_.opText(key), " (step ", step, " of ", keys_.describe(key), ", group '",
+               options_.groupName, "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
+               " ms (the group's timeout): rank ", late, "'s contribution is held back by an injected delay of ",
+               msText(plan.delayNs[i]), " ms, of which ", options_.bound, " step(s) of staleness (step ",
+               msText(stepNs), " ms) cover ", msText(options_.bound * stepNs), " ms and ", msText(plan.gateWaitNs[i]),
+               " ms are paid as waiting; a delay longer than the timeout is a timeout"));
+}
+
+void StalenessEngine::throwClosed(const char* op, uint64_t step, const std::string& keyText) const {
+  // The wording follows a host delay woken by the group's shutdown (delay/DelayInjector.cpp).
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("delaycomm: ", op, " (step ", step, " of ", keyText, ", group '", options_.groupName,
+                           "'): the group was shut down (destroy_process_group or abort) while this call waited at "
+                           "the ssp:",
+                           options_.bound, " gate; the reduction was not issued"));
 }
 
 double StalenessEngine::windowedRatio() const {
@@ -370,54 +328,85 @@ double StalenessEngine::windowedRatioLocked() const {
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// flush (docs/staleness.md, "flush")
+// flush (docs/staleness.md, "flush" and "Divergence")
 
-std::vector<std::pair<uint64_t, at::Tensor>> StalenessEngine::takeFlush() {
+std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
+  FlushRecord mine;
+  std::string round;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    round = "flush/" + std::to_string(flushes_++);
+    mine.calls = digest_.calls();
+    mine.digest = digest_.value();
+    mine.checkpoints = digest_.checkpoints();
+    for (const auto& [key, stream] : keys_.streams()) {
+      if (stream.arrivals.empty()) {
+        continue;  // nothing in flight anywhere (this rank's own deferred ones are in flight too)
+      }
+      mine.pending.push_back(
+          {key, stream.numel, stream.prototype.scalar_type(), stream.scatter, stream.pendingGlobal()});
+    }
+  }
+  const auto records = agreement_.exchange(round, mine.encode());
+  const std::string where = c10::str("delaycomm: flush on group '", options_.groupName, "': ");
+  if (!records.missing.empty()) {
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str(where, "timed out after ", options_.timeout.count(), " ms (the group's timeout): rank(s) ",
+                             rankList(records.missing),
+                             " did not call flush. flush is collective: every rank calls it at the same point of "
+                             "its program. Nothing was flushed on the ranks that did"));
+  }
+  std::vector<FlushRecord> all;
+  for (const auto& text : records.byRank) {
+    all.push_back(FlushRecord::decode(text));
+  }
+  if (const std::string divergence = flushDivergence(all); !divergence.empty()) {
+    agreement_.holdStoreUntilRead(round);
+    C10_THROW_ERROR(
+        Error, c10::str(where, "the ranks' stale bookkeeping differs: ", divergence,
+                        ". The ranks would disagree on which reductions flush issues, and they disagreed on who was "
+                        "late at the steps where their streams differ. Every rank must make the same stale "
+                        "reductions in the same order (docs/staleness.md, \"Divergence\"): key the streams "
+                        "explicitly (ddp_hook, stale_allreduce(key=...)) where storage identity differs across "
+                        "ranks. Every rank raises this error; nothing was flushed"));
+  }
+
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<std::pair<uint64_t, at::Tensor>> out;
-  auto& st = stats_->staleness();
-  for (auto& [key, ks] : keys_) {
-    int64_t global = 0;
-    for (const auto& [step, list] : ks.arrivals) {
-      global += static_cast<int64_t>(list.size());
-    }
-    if (global == 0) {
+  std::vector<FlushStream> out;
+  auto& counters = stats_->staleness();
+  for (const auto& agreed : mine.pending) {
+    KeyTable::Stream* stream = keys_.find(agreed.key);
+    TORCH_INTERNAL_ASSERT(stream != nullptr, "delaycomm: flush: a pending stream left the key table");
+    const int64_t global = stream->pendingGlobal();
+    stream->arrivals.clear();
+    std::fill(stream->pendingOf.begin(), stream->pendingOf.end(), 0);
+    if (options_.policy == StalePolicy::kDrop) {
+      counters.dropped.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
       continue;
     }
-    ks.arrivals.clear();
-    std::fill(ks.pendingOf.begin(), ks.pendingOf.end(), 0);
-    if (options_.policy == Policy::kDrop) {
-      st.dropped.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
-      continue;
+    std::vector<at::Tensor> deferred;
+    for (auto& d : stream->mine) {
+      deferred.push_back(std::move(d.tensor));
     }
-    std::vector<at::Tensor> mine;
-    for (auto& p : ks.mine) {
-      mine.push_back(std::move(p.tensor));
-    }
-    ks.mine.clear();
-    // As the policy delivers due contributions when no fresh one is present, and as the stream averages.
-    double scale = options_.policy == Policy::kEma ? static_cast<double>(size_) / static_cast<double>(global) : 1.0;
-    scale *= ks.resultScale;
-    at::Tensor local = mine.empty() ? at::empty({ks.numel}, ks.prototype.options()) : at::empty_like(mine[0]);
-    std::vector<double> scales(mine.size(), scale);
-    kernels::fusedBlend(local, 0.0, mine, scales, std::nullopt);
-    st.stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
-    out.emplace_back(key, std::move(local));
+    stream->mine.clear();
+    const double scale = flushScale(options_.policy, size_, global, stream->resultScale);
+    at::Tensor local =
+        deferred.empty() ? at::empty({stream->numel}, stream->prototype.options()) : at::empty_like(deferred[0]);
+    kernels::fusedBlend(local, 0.0, deferred, std::vector<double>(deferred.size(), scale), std::nullopt);
+    counters.stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
+    out.push_back(FlushStream{agreed.key, std::move(local), stream->scatter});
   }
   return out;
 }
 
-bool StalenessEngine::scatters(uint64_t key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = keys_.find(key);
-  return it != keys_.end() && it->second.scatter;
-}
+// ---------------------------------------------------------------------------------------------------------------
+// Getters
 
 int64_t StalenessEngine::pendingHere() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t n = 0;
-  for (const auto& [key, ks] : keys_) {
-    n += static_cast<int64_t>(ks.mine.size());
+  for (const auto& [key, stream] : keys_.streams()) {
+    n += static_cast<int64_t>(stream.mine.size());
   }
   return n;
 }
@@ -425,12 +414,25 @@ int64_t StalenessEngine::pendingHere() const {
 int64_t StalenessEngine::pendingGlobal() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int64_t n = 0;
-  for (const auto& [key, ks] : keys_) {
-    for (const auto& [step, list] : ks.arrivals) {
-      n += static_cast<int64_t>(list.size());
-    }
+  for (const auto& [key, stream] : keys_.streams()) {
+    n += stream.pendingGlobal();
   }
   return n;
+}
+
+StepSource StalenessEngine::stepSource() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return clock_.source();
+}
+
+int64_t StalenessEngine::keyCount() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return static_cast<int64_t>(keys_.size());
+}
+
+std::string StalenessEngine::describeKey(uint64_t key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return keys_.describe(key);
 }
 
 }  // namespace delaycomm

@@ -59,6 +59,8 @@ void OpStats::reset() {
   matchCalls = 0;
   matchNothingAdded = 0;
   matchUncalibrated = 0;
+  staleCalls = 0;
+  keptFreshCalls = 0;
   latencyNs.reset();
   delayNs.reset();
   callNsBySize.reset();

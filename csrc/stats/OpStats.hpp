@@ -58,6 +58,11 @@ struct OpStats {
   std::atomic<uint64_t> delayedCalls{0};
   std::atomic<uint64_t> errors{0};
   std::atomic<uint64_t> untimed{0};  // GPU works destroyed before anyone waited on them
+  // Staleness (docs/staleness.md, "Which reductions go stale"): calls whose own contribution was made stale
+  // (deferred: also counted in delayedCalls), and calls kept fresh, delayed as under bsp, because they are not
+  // data-parallel gradient reductions.
+  std::atomic<uint64_t> staleCalls{0};
+  std::atomic<uint64_t> keptFreshCalls{0};
   LogHistogram latencyNs;            // issue to completion
   LogHistogram delayNs;              // injected delay of the delayed calls
   SizeHistograms callNsBySize;       // the latency the caller experiences, per size class (successful calls)

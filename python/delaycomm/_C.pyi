@@ -63,6 +63,15 @@ class DelayMode:
     name: str
     value: int
 
+class StalenessOptions:
+    mode: Staleness
+    bound: int
+    policy: StalePolicy
+    alpha: float
+    step_ms: float
+    max_pending: int
+    def __init__(self) -> None: ...
+
 class BackendOptions:
     timeout: timedelta
     group_name: str
@@ -76,12 +85,7 @@ class BackendOptions:
     delay_burst: float
     seed: int
     slowdown: float
-    staleness: Staleness
-    stale_bound: int
-    stale_policy: StalePolicy
-    ema_alpha: float
-    step_ms: float
-    max_pending: int
+    stale: StalenessOptions
     store: Store | None
     def __init__(self) -> None: ...
 
@@ -176,3 +180,7 @@ def _fused_blend(
 ) -> None: ...
 def _blend_cpu_isa() -> str: ...
 def _set_blend_cpu_isa(isa: str) -> None: ...
+def _ddp_bucket_enter(index: int, numel: int) -> None: ...
+def _ddp_bucket_exit() -> None: ...
+def _ddp_join_shadow_enter(new_pass: bool) -> None: ...
+def _ddp_join_shadow_exit() -> None: ...

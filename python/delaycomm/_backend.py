@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _nccl, _ops, _registry, _statsfile
+from delaycomm import _C, _ddp, _nccl, _ops, _registry, _statsfile
 from delaycomm._agree import agree
 from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve
 
@@ -71,6 +71,8 @@ def create_backend(dist_opts, pg_options):
     native.group_name = group_name
     _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)))
     _fill_stale_options(native, cfg, store)
+    if cfg.staleness != "bsp":
+        _ddp.install()  # DDP hooks run in their bucket's scope (docs/staleness.md, "Which reductions go stale")
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
@@ -93,14 +95,14 @@ _DELAY_MODE = {"add": _C.DelayMode.ADD, "match": _C.DelayMode.MATCH}
 
 
 def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
-    """Copy the staleness options (validated by _config) into the native BackendOptions, typed."""
-    mode, _, bound = cfg.staleness.partition(":")
-    native.staleness = _STALENESS[mode]
-    native.stale_bound = int(bound) if bound else 0
-    native.stale_policy = _STALE_POLICY[cfg.stale_policy]
-    native.ema_alpha = cfg.ema_alpha
-    native.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
-    native.max_pending = cfg.max_pending
+    """Copy the staleness options (validated and parsed by _config) into the native BackendOptions, typed."""
+    stale = native.stale
+    stale.mode = _STALENESS[cfg.staleness.mode]
+    stale.bound = cfg.staleness.bound
+    stale.policy = _STALE_POLICY[cfg.stale_policy]
+    stale.alpha = cfg.ema_alpha
+    stale.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
+    stale.max_pending = cfg.max_pending
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 

@@ -266,18 +266,34 @@ def _parse_slowdown(v: Any) -> tuple[tuple[int, float], ...]:
     return tuple(sorted(out.items()))
 
 
-def _parse_staleness(v: Any) -> str:
+class Staleness(str):
+    """A canonical ``staleness`` value (``'bsp'``, ``'ssp:2'``, ``'asp'``: a str, as shown and agreed) with its
+    parsed parts: ``mode`` (bsp, ssp or asp) and ``bound`` (S of ssp:S; 0 otherwise)."""
+
+    mode: str
+    bound: int
+
+    def __new__(cls, mode: str, bound: int = 0) -> Staleness:
+        self = super().__new__(cls, f"ssp:{bound}" if mode == "ssp" else mode)
+        self.mode, self.bound = mode, bound
+        return self
+
+    def __getnewargs__(self) -> tuple[str, int]:  # type: ignore[override]
+        return (self.mode, self.bound)
+
+
+def _parse_staleness(v: Any) -> Staleness:
     accepted = f"'bsp', 'ssp:S' with an integer S in [0, {MAX_SSP_BOUND}], or 'asp'"
     if not isinstance(v, str):
         raise _Invalid(accepted)
     s = v.strip().lower()
     if s in ("bsp", "asp"):
-        return s
+        return Staleness(s)
     m = re.fullmatch(r"ssp\s*:\s*(\d{1,30})", s)
     if not m or int(m.group(1)) > MAX_SSP_BOUND:
         raise _Invalid(accepted)
     bound = int(m.group(1))
-    return "bsp" if bound == 0 else f"ssp:{bound}"
+    return Staleness("bsp") if bound == 0 else Staleness("ssp", bound)
 
 
 def _parse_step_ms(v: Any) -> float | None:

@@ -1,10 +1,10 @@
 """Staleness as a user gets it: unmodified DDP scripts under torchrun, configured only through DELAYCOMM_*.
 
 Nothing here pins step_ms, a key or average: step_ms=auto must calibrate on the job as it runs (docs/staleness.md),
-whether the script keys its buckets by storage (plain DDP), does a metric all_reduce before training, or uses
-delaycomm.ddp_hook. Each run asserts from the stats file (DELAYCOMM_STATS) that late contributions happened
-(>= 5% of all), that the staleness bound held, and with stale_policy=apply that the outputs plus flush() add up to
-every contribution, for the AVG buckets and a SUM stream.
+whether the script's buckets are recognised in the backward pass (plain DDP), it does a metric all_reduce before
+training, or it uses delaycomm.ddp_hook. Each run asserts from the stats file (DELAYCOMM_STATS) that late
+contributions happened (>= 5% of all), that the staleness bound held, and with stale_policy=apply that the outputs
+plus flush() add up to every contribution, for the AVG buckets and a SUM metric (kept fresh).
 """
 
 from __future__ import annotations
@@ -74,8 +74,8 @@ def test_unmodified_ddp_example_goes_stale_with_the_defaults(tmp_path):
     proc = _torchrun(EXAMPLE, [], USER_ENV, tmp_path)
     st = _check_staleness(_stats(tmp_path), bound=2)
     # The report names the agreed step and the stream it was measured on.
-    assert "step_ms=auto: median of 5 intervals of tensor #" in proc.stdout, proc.stdout[-3000:]
-    assert st["step_key"].startswith("tensor #"), st
+    assert "step_ms=auto: median of 5 intervals of 'backward all_reduce #0'" in proc.stdout, proc.stdout[-3000:]
+    assert st["step_key"].startswith("'backward all_reduce #0'"), st
 
 
 @pytest.mark.timeout(300)
@@ -85,9 +85,9 @@ def test_metric_all_reduce_before_training_does_not_stop_calibration(tmp_path, h
     _torchrun(JOB, args, USER_ENV, tmp_path)
     st = _check_staleness(_stats(tmp_path), bound=2)
     if hook:
-        assert st["step_key"] == "key 0", st  # bucket 0, not the metric's storage key seen once before it
+        assert st["step_key"] == "key 0", st  # bucket 0 (the metric before it is kept fresh)
     else:
-        assert st["step_key"].startswith("tensor #"), st
+        assert st["step_key"].startswith("'backward all_reduce #0'"), st  # DDP's first bucket
 
 
 def _sum(ts):
@@ -111,7 +111,8 @@ def test_apply_outputs_plus_flush_equal_contributions_avg_and_sum(tmp_path, stal
     ranks = [torch.load(rec / f"rank{r}.pt") for r in range(2)]
     world = ranks[0]["world"]
 
-    # SUM stream (a persistent buffer, keyed by storage): sum of outputs + flush == sum of every contribution.
+    # A persistent buffer SUM-all-reduced every step outside a backward pass: not a gradient, kept fresh, so every
+    # output is exact and flush delivers nothing for it (docs/staleness.md, "Which reductions go stale").
     sum_in = _sum([t for r in ranks for t in r["sum_in"]])
     for r in ranks:
         flushed = [t for t in r["flushed"].values() if t.numel() == 8]

@@ -65,7 +65,7 @@ def _policy_ranks(rank, world, policy, seed):
     cfg = delaycomm.DelayConfig(delay=DELAY, delay_fraction=FRACTION, seed=seed, staleness="ssp:1", stale_policy=policy)
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     metric = torch.tensor([1.0])
-    dist.all_reduce(metric)  # a metric all_reduce before the stream: its storage key is seen once
+    dist.all_reduce(metric)  # a metric all_reduce before the stream: kept fresh, not an engine call
     outs = []
     for t in range(STEPS):
         g = torch.from_numpy(_grad(t, rank))
@@ -103,7 +103,7 @@ def test_nfresh_zero_occurs_and_each_policy_gives_its_result(policy):
             np.testing.assert_array_equal(out["outs"][t], np.zeros(19), err_msg=f"step {t}")
         st = out["stats"]
         assert st["step_source"] == "calibrated" and st["step_key"] == f"key {KEY}", st
-        assert st["step_call"] == 1 + CALIBRATION + 1, st  # the metric call, then key 3's sixth call
+        assert st["step_call"] == CALIBRATION + 1, st  # key 3's sixth call (the metric is kept fresh)
 
 
 def _interleaved_ranks(rank, world):
@@ -116,11 +116,12 @@ def _interleaved_ranks(rank, world):
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=60), pg_options=cfg)
     a, b = torch.zeros(16), torch.zeros(32)
     recurring_twice = torch.zeros(4)
-    dist.all_reduce(recurring_twice)
-    dist.all_reduce(recurring_twice)  # called twice, then never again: it must not hold calibration back
+    delaycomm.stale_allreduce(recurring_twice, key=5)
+    delaycomm.stale_allreduce(recurring_twice, key=5)  # called twice, then never again: it must not hold it back
     for t in range(12):
-        dist.all_reduce(torch.full((8,), float(t)))  # a new tensor every step (it may reuse storage: no matter)
-        dist.all_reduce(a)
+        delaycomm.stale_allreduce(torch.full((8,), float(t)), key=100 + t)  # a new stream every step
+        dist.all_reduce(torch.ones(2))  # a metric: kept fresh, never an engine call (docs/staleness.md)
+        delaycomm.stale_allreduce(a, key=1)
         delaycomm.stale_allreduce(b, key=7)
     st = delaycomm.stats(dist.group.WORLD)["staleness"]
     return {k: st.get(k) for k in ("stale", "step_source", "step_ms", "step_key", "step_call", "step_intervals")}
@@ -133,9 +134,9 @@ def test_interleaved_streams_calibrate_on_the_first_key_that_recurs_and_ranks_ag
     assert r0["stale"] > 0, f"staleness never engaged: {r0}"
     assert r0 == r1, results  # the same step, key and call on every rank
     assert r0["step_source"] == "calibrated" and r0["step_ms"] > 0 and r0["step_intervals"] == 5, r0
-    # Call order per step: new tensor, a (storage key), key 7. The first key called six times is a's: a new
-    # tensor is a new key even where the allocator gives it the previous one's address (docs/staleness.md).
-    assert r0["step_key"] == "tensor #2 (keyed by storage: 16 x Float on cpu)", r0
+    # Engine calls per step: a new key, key 1, key 7 (the metric all_reduce is kept fresh). The first key called
+    # six times is key 1.
+    assert r0["step_key"] == "key 1", r0
     assert r0["step_call"] == 2 + 3 * 5 + 2, r0
 
 
@@ -202,37 +203,35 @@ def test_no_stream_recurs_enough_to_calibrate_warns_once():
         assert out["keys"] <= 1024, out
 
 
-def _reused_address_ranks(rank, world):
+def _persistent_metric_ranks(rank, world):
     import torch
     import torch.distributed as dist
 
     import delaycomm
 
-    cfg = delaycomm.DelayConfig(
-        delay="exp:p99=5ms", delay_fraction=0.5, seed=3, staleness="ssp:2", stale_policy="apply"
-    )
+    cfg = delaycomm.DelayConfig(delay="const:2ms", delay_fraction=0.5, seed=3, staleness="ssp:2")
     dist.init_process_group("delaycomm", timeout=timedelta(seconds=20), pg_options=cfg)
     x = torch.zeros(64, dtype=torch.float64)
-    dist.all_reduce(x)
-    # Rank 0 gets a new tensor at x's address (as an allocator may hand out a freed buffer's), rank 1 elsewhere:
-    # a new tensor is a new stream on both.
-    y = torch.from_numpy(x.numpy()) if rank == 0 else torch.zeros(64, dtype=torch.float64)
-    assert (y.data_ptr() == x.data_ptr()) == (rank == 0)
-    out = torch.zeros(64, dtype=torch.float64)
+    out = 0.0
     for t in range(20):
-        y.fill_(float(t + 10 * rank))
-        dist.all_reduce(y)
-        out += y
-    for v in delaycomm.flush().values():
-        out += v
-    st = delaycomm.stats(dist.group.WORLD)["staleness"]
-    return {"out": out[0].item(), "stale": st["stale"], "key": st.get("step_key")}
+        x.fill_(float(t + 10 * rank))
+        dist.all_reduce(x)  # a persistent tensor, SUM-all-reduced every step outside a backward pass: a metric
+        out += x[0].item()
+    st = delaycomm.stats(dist.group.WORLD)
+    return {
+        "out": out,
+        "stale": st["staleness"]["stale"],
+        "keys": st["staleness"]["keys"],
+        "ar": st["ops"]["allreduce"],
+    }
 
 
 @pytest.mark.timeout(120)
-def test_a_new_tensor_at_a_reused_address_is_a_new_stream_on_every_rank():
-    results = run_procs(_reused_address_ranks, 2, timeout=110)
+def test_a_persistent_tensor_reduced_outside_backward_is_kept_fresh_with_its_delay():
+    results = run_procs(_persistent_metric_ranks, 2, timeout=110)
     expected = sum(float(t) + float(t + 10) for t in range(20))
     for out in results:
-        assert out["out"] == expected, results
-        assert out["stale"] > 0 and out["key"] == "tensor #1 (keyed by storage: 64 x Double on cpu)", results
+        assert out["out"] == expected, results  # every step exact: nothing deferred
+        assert out["stale"] == 0 and out["keys"] == 0, results
+        ar = out["ar"]
+        assert ar["kept_fresh_calls"] == 20 and ar["stale_calls"] == 0 and ar["delayed_calls"] > 0, ar

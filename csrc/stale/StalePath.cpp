@@ -1,0 +1,146 @@
+// DelayBackend's stale path (backend/DelayBackend.hpp): the reductions that StaleRouter routes to the staleness
+// engine, stale_allreduce and flush. Each is the engine's pre-scaling in place, then one SUM reduction of the
+// original size issued through the backend's one helper, run(), with the delay already consumed as staleness.
+// Design notes: docs/staleness.md.
+
+#include <sstream>
+
+#include <ATen/ops/empty.h>
+#include <c10/util/Exception.h>
+
+#include "backend/Arguments.hpp"
+#include "backend/DelayBackend.hpp"
+
+namespace delaycomm {
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleAllreduce(const StaleRoute& route, at::Tensor& tensor,
+                                                               const c10d::AllreduceOptions& opts) {
+  const auto info = stale_->prepareScaled(tensor, route.key, route.resultScale, /*scatter=*/false);
+  countStale(OpKind::kAllreduce, info);
+  c10d::AllreduceOptions sumOpts = opts;
+  sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
+  std::vector<at::Tensor> tensors{tensor};
+  // A step that cannot defer (a stream's first, or before step_ms is known) keeps the op's delay, as under bsp.
+  return run(
+      OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+      [tensors, sumOpts](c10d::Backend& b) mutable { return b.allreduce(tensors, sumOpts); }, opts.asyncOp,
+      /*applyDelay=*/!info.deferrable);
+}
+
+void DelayBackend::checkStaleReduceScatter(const at::Tensor& output, const at::Tensor& input) const {
+  const int64_t n = getSize();
+  TORCH_CHECK_VALUE(input.numel() == output.numel() * n,
+                    "delaycomm: _reduce_scatter_base: inputBuffer must hold "
+                    "outputBuffer's elements times the group size (",
+                    output.numel(), " x ", n, " = ", output.numel() * n, "), got ", input.numel());
+  TORCH_CHECK_VALUE(input.scalar_type() == output.scalar_type(),
+                    "delaycomm: _reduce_scatter_base: inputBuffer and "
+                    "outputBuffer must have one dtype, got ",
+                    input.scalar_type(), " and ", output.scalar_type());
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(const StaleRoute& route, at::Tensor& output,
+                                                                   at::Tensor& input,
+                                                                   const c10d::ReduceScatterOptions& opts) {
+  // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
+  // reduce-scatter input afterwards (README, "Bounded staleness").
+  const auto info = stale_->prepareScaled(input, route.key, route.resultScale, /*scatter=*/true);
+  countStale(OpKind::kReduceScatterBase, info);
+  c10d::ReduceScatterOptions sumOpts = opts;
+  sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
+  return run(
+      OpKind::kReduceScatterBase, input.device(), bytesOf(input), {output},
+      [output, input, sumOpts](c10d::Backend& b) mutable { return b._reduce_scatter_base(output, input, sumOpts); },
+      opts.asyncOp, /*applyDelay=*/!info.deferrable);
+}
+
+void DelayBackend::countStale(OpKind op, const StalenessEngine::StepInfo& info) {
+  if (info.deferrable && info.delayNs > 0) {
+    auto& s = stats_->op(op);
+    s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
+    s.delayNs.record(static_cast<double>(info.delayNs));
+    if (!info.mineFresh) {
+      s.staleCalls.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+}
+
+void DelayBackend::keptFresh(OpKind op, const std::vector<at::Tensor>& tensors, const StaleRoute& route) {
+  stats_->op(op).keptFreshCalls.fetch_add(1, std::memory_order_relaxed);
+  auto& warned = freshWarned_[static_cast<size_t>(route.reason)];
+  if (warned.exchange(true) || !stale_->onWarn) {
+    return;
+  }
+  std::ostringstream msg;
+  msg << "delaycomm: staleness on group '" << options_.groupName << "': " << opName(op);
+  if (tensors.size() == 1 && tensors[0].defined()) {
+    msg << " of " << tensors[0].numel() << " x " << tensors[0].scalar_type();
+  }
+  msg << " kept fresh (delayed as under bsp, never stale): " << route.whyNot;
+  if (!route.node.empty()) {
+    msg << " ('" << route.node << "')";
+  }
+  msg << ". Reductions kept fresh are counted in delaycomm.stats()['ops']['" << opName(op)
+      << "']['kept_fresh_calls']; this is not warned again for this reason (docs/staleness.md, \"Which reductions "
+         "go stale\")";
+  stale_->onWarn(msg.str());
+}
+
+c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
+  std::vector<at::Tensor> tensors{tensor};
+  checkTensors(OpKind::kAllreduce, "tensor", tensors);
+  TORCH_CHECK_VALUE(key < StalenessEngine::kIdentityKeyBase, "delaycomm: stale_allreduce: key must be < 2^40, got ",
+                    key);
+  c10d::AllreduceOptions opts;
+  opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
+  if (staleRouter_) {
+    const StaleRoute route = staleRouter_->classify(OpKind::kAllreduce, tensors, opts.reduceOp, coalescing_, key);
+    if (route.stale) {
+      return runStaleAllreduce(route, tensor, opts);
+    }
+  }
+  if (average && tensor.is_cpu()) {  // Gloo has no AVG: SUM, then divide (as DDP does)
+    tensor.div_(getSize());
+    opts.reduceOp = c10d::ReduceOp::SUM;
+  }
+  return run(OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+             [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
+}
+
+std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
+  std::vector<std::pair<uint64_t, at::Tensor>> out;
+  if (!stale_) {
+    return out;
+  }
+  // The ranks agree first (every rank gets the same streams, or the same error), so every rank issues the same
+  // reductions here, in key order.
+  for (auto& stream : stale_->takeFlush()) {
+    at::Tensor& local = stream.local;
+    if (stream.scatter) {
+      // A reduce-scatter stream: one SUM reduce-scatter delivers this rank's shard of everything pending (what
+      // the stream's next steps would have delivered to it), with the bytes of the stream's own reduce-scatter.
+      at::Tensor shard = at::empty({local.numel() / getSize()}, local.options());
+      auto work = run(
+          OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
+          [shard, local](c10d::Backend& b) mutable {
+            c10d::ReduceScatterOptions sumOpts;
+            return b._reduce_scatter_base(shard, local, sumOpts);
+          },
+          true, /*applyDelay=*/false);
+      work->wait(injector_->timeout());
+      out.emplace_back(stream.key, shard);
+      continue;
+    }
+    std::vector<at::Tensor> tensors{local};
+    c10d::AllreduceOptions opts;
+    auto work = run(
+        OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
+        [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
+        /*applyDelay=*/false);
+    work->wait(injector_->timeout());
+    out.emplace_back(stream.key, local);
+  }
+  return out;
+}
+
+}  // namespace delaycomm

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Runs delaycomm's staleness on ecosystem paths that CI does not install (docs/staleness.md, "Which reductions go
+# stale"): DeepSpeed ZeRO stages 0-3 on CPU, each under bsp and under ssp:2 with the same delay, fraction and seed,
+# as a user runs them (deepspeed.init_distributed(dist_backend="delaycomm"), only DELAYCOMM_* set, step_ms=auto).
+# Prints, per stage, rank 0's reduction counters (calls, delayed, stale, kept fresh) and final losses.
+#   scripts/ecosystem-check.sh [BASE_VENV]   BASE_VENV: a venv with torch and delaycomm (default: .venv)
+# Makes (once) .venv-ecosystem: BASE_VENV's packages plus DeepSpeed from the registry. Not part of CI.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+cd "$root"
+base=${1:-$root/.venv}
+venv=$root/.venv-ecosystem
+if [ ! -x "$venv/bin/python" ]; then
+  python3 -m venv "$venv"
+  site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  basesite=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+  # addsitedir also reads BASE_VENV's own .pth files (its editable delaycomm, its own base venv).
+  echo "import site; site.addsitedir('$basesite')" > "$site/_base_venv.pth"
+  "$venv/bin/python" -m pip install -q deepspeed
+fi
+py=$venv/bin/python
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+echo "# delaycomm ecosystem check: DeepSpeed ZeRO on CPU, 2 ranks, 60 steps"
+versions=$(DS_ACCELERATOR=cpu "$py" -c 'import torch, deepspeed, delaycomm
+print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, delaycomm {delaycomm.__version__}")' 2>/dev/null |
+  tail -1)
+echo "# $versions; $(nproc) cores"
+echo "# DELAYCOMM_DELAY=exp:p99=30ms DELAYCOMM_DELAY_FRACTION=0.3 DELAYCOMM_STALENESS=bsp | ssp:2"
+# Each stage with DeepSpeed's default buckets (a small model's gradients are reduced after the backward pass) and
+# with reduce_bucket_size=256 elements (reduced in the backward pass, from DeepSpeed's gradient hooks).
+for run in 0:default 0:256 1:default 1:256 2:default 2:256 3:default 3:256; do
+  stage=${run%%:*} bucket=${run#*:}
+  extra=()
+  [ "$bucket" = default ] || extra=(--reduce-bucket-size "$bucket")
+  for staleness in bsp ssp:2; do
+    dir=$out/${staleness/:/}-$bucket
+    env -u DELAYCOMM_STATS DS_ACCELERATOR=cpu OMP_NUM_THREADS=1 DELAYCOMM_DELAY=exp:p99=30ms \
+      DELAYCOMM_DELAY_FRACTION=0.3 DELAYCOMM_STALENESS=$staleness \
+      timeout 600 "$py" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      tests/stale/scripts/deepspeed_job.py --stage "$stage" --out "$dir" "${extra[@]}" > "$out/log" 2>&1 || {
+      echo "zero$stage $staleness: FAILED"
+      tail -30 "$out/log"
+      continue
+    }
+    "$py" - "$dir/zero$stage.rank0.json" "$stage" "$staleness" "buckets=$bucket" <<'PY'
+import json
+import sys
+
+doc = json.load(open(sys.argv[1]))
+losses = doc["losses"]
+final = sum(losses[-10:]) / 10
+totals = {}
+for group in doc["stats"].values():
+    for op, o in group["ops"].items():
+        t = totals.setdefault(op, [0, 0, 0, 0])
+        for i, k in enumerate(("calls", "delayed_calls", "stale_calls", "kept_fresh_calls")):
+            t[i] += o.get(k, 0)
+parts = [f"{op}: calls {c} delayed {d} stale {s} kept_fresh {f}" for op, (c, d, s, f) in sorted(totals.items())]
+print(f"zero{sys.argv[2]} {sys.argv[3]:6s} {sys.argv[4]:>14s} final loss {final:.4f} | " + " | ".join(parts))
+PY
+  done
+done
