@@ -111,7 +111,7 @@ def test_value_error_at_init_is_reported_as_unavailable(runner, data):
     run = runner.run(bad, _hyper(), data, lambda n: None)
     assert run["status"] == "unavailable"
     assert run["message"].startswith(
-        "not available in this build: delaycomm: invalid value [5] for option 'delay_ranks'"
+        "not available in this build: delaycomm: invalid value '5' for option 'delay_ranks'"
     ), run["message"]
     assert run["ranks"] == []
 
