@@ -12,6 +12,7 @@
 #include <set>
 #include <stdexcept>
 #include <system_error>
+#include <vector>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -193,14 +194,11 @@ std::vector<std::string_view> splitArgs(std::string_view s) {
 
 }  // namespace
 
-std::string quoted(std::string_view s) {
-  std::string out = "'";
-  size_t chars = 0;
+namespace {
+
+// Appends s to out, escaped: quotes and backslashes, control bytes and bytes that are not UTF-8 as \xNN.
+void appendEscaped(std::string& out, std::string_view s) {
   for (size_t i = 0; i < s.size();) {
-    if (++chars > 80) {
-      out += "...";
-      break;
-    }
     const auto c = static_cast<unsigned char>(s[i]);
     const size_t n = utf8Length(s, i);
     if (n > 1) {
@@ -219,6 +217,28 @@ std::string quoted(std::string_view s) {
       out += static_cast<char>(c);
     }
     ++i;
+  }
+}
+
+}  // namespace
+
+// A value longer than 80 characters keeps its first and last 38 with "..." between: the end of a file path (its
+// name) is what tells the user which file.
+std::string quoted(std::string_view s) {
+  constexpr size_t kMaxChars = 80, kKeep = 38;
+  std::vector<size_t> starts;  // where each character (code point, or a lone byte) begins
+  for (size_t i = 0; i < s.size();) {
+    starts.push_back(i);
+    const size_t n = utf8Length(s, i);
+    i += n > 1 ? n : 1;
+  }
+  std::string out = "'";
+  if (starts.size() <= kMaxChars) {
+    appendEscaped(out, s);
+  } else {
+    appendEscaped(out, s.substr(0, starts[kKeep]));
+    out += "...";
+    appendEscaped(out, s.substr(starts[starts.size() - kKeep]));
   }
   return out + "'";
 }
