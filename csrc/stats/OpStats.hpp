@@ -63,9 +63,9 @@ struct OpStats {
   // data-parallel gradient reductions.
   std::atomic<uint64_t> staleCalls{0};
   std::atomic<uint64_t> keptFreshCalls{0};
-  LogHistogram latencyNs;            // issue to completion
-  LogHistogram delayNs;              // injected delay of the delayed calls
-  SizeHistograms callNsBySize;       // the latency the caller experiences, per size class (successful calls)
+  LogHistogram latencyNs;       // issue to completion
+  LogHistogram delayNs;         // injected delay of the delayed calls
+  SizeHistograms callNsBySize;  // the latency the caller experiences, per size class (successful calls)
   // delay_mode=match (docs/delay.md, "Match mode"): the calls this rank carried as the latest rank, those where
   // its own latency already reached the target (nothing added), those before its estimate was calibrated.
   std::atomic<uint64_t> matchCalls{0};
