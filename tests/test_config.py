@@ -468,7 +468,7 @@ def test_readme_says_which_options_must_match():
         assert last.startswith("yes" if opt.must_match else "no"), (opt.name, last)
 
 
-# --- equivalent values, global ranks, edges of messages (issue 18) -----------------------------------------------
+# --- equivalent values, global ranks, edges of messages -------------------------------------------------
 
 
 def _keys(cfg, members):

@@ -175,7 +175,7 @@ def test_a_group_never_destroyed_writes_its_stats_at_exit(tmp_path):
     assert data["ops"]["allreduce"]["calls"] == 2, data["ops"]["allreduce"]
 
 
-# --- files that must not be replaced, paths that collide, repeated cycles (issue 18) -----------------------------
+# --- files that must not be replaced, paths that collide, repeated cycles -------------------------------
 
 NOBODY = 65534
 
@@ -348,14 +348,25 @@ def test_a_file_the_user_may_not_replace_fails_at_init_as_a_user_without_privile
 
 
 _RESTARTED_JOB = """
-import os, sys, torch, torch.distributed as dist
+import os, sys, time, torch, torch.distributed as dist
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+store, rank, world = next(dist.rendezvous("env://"))
 for cycle in range(2):  # two init/destroy cycles in each attempt
-    dist.init_process_group("delaycomm")
+    # NOTE: each cycle under a store prefix of its own: a second cycle over the same keys can read the first
+    # cycle's Gloo addresses, and its connect is refused (under load; on plain Gloo too).
+    dist.init_process_group("delaycomm", store=dist.PrefixStore(f"cycle{cycle}/", store), rank=rank, world_size=world)
     for _ in range(1 + restart * 2 + cycle):  # 1, 2 calls in attempt 0; 3, 4 after the restart
         dist.all_reduce(torch.ones(1))
     dist.destroy_process_group()
 if restart == 0:
+    # Both ranks have written their files before either fails: torchrun stops the other workers as soon as one
+    # fails, and a rank stopped before its last destroy writes no file for that cycle.
+    here = os.path.dirname(os.environ["DELAYCOMM_STATS"])
+    open(os.path.join(here, "done." + os.environ["RANK"]), "w").close()
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(here, f"done.{r}")) for r in range(int(os.environ["WORLD_SIZE"]))):
+        assert time.monotonic() < deadline, "the other rank never finished its cycles"
+        time.sleep(0.05)
     sys.exit(3)  # torchrun restarts the job
 """
 
