@@ -28,15 +28,13 @@ uint64_t digestMix(uint64_t h, uint64_t v) {
 
 // A stream as every rank can name it from a record alone.
 std::string streamText(const FlushRecord::Stream& s) {
-  constexpr uint64_t kIdentityKeyBase = uint64_t{1} << 40;  // KeyTable's
-  constexpr uint64_t kScopeKeyBase = uint64_t{1} << 41;
+  constexpr uint64_t kExplicitKeyLimit = uint64_t{1} << 40;  // KeyTable::kIdentityKeyBase
+  constexpr uint64_t kScopeKeyBase = uint64_t{1} << 41;      // KeyTable's
   std::ostringstream out;
-  if (s.key < kIdentityKeyBase) {
+  if (s.key < kExplicitKeyLimit) {
     out << "key " << s.key;
-  } else if (s.key < kScopeKeyBase) {
-    out << "tensor #" << (s.key - kIdentityKeyBase);
   } else {
-    out << "FSDP2 stream " << std::hex << (s.key - kScopeKeyBase) << std::dec;
+    out << "stream " << std::hex << (s.key - kScopeKeyBase) << std::dec;
   }
   out << " (" << (s.scatter ? "reduce_scatter " : "all_reduce ") << s.numel << " x " << s.dtype << ", "
       << s.pendingGlobal << " in flight)";

@@ -22,15 +22,6 @@ uint64_t fnv1aBytes(uint64_t h, const void* data, size_t n) {
 
 }  // namespace
 
-size_t KeyTable::IdentityHash::operator()(const Identity& id) const {
-  size_t h = std::hash<const void*>()(id.storage);
-  h ^= std::hash<int64_t>()(id.offset) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= std::hash<int64_t>()(id.numel) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= std::hash<int>()(static_cast<int>(id.dtype)) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  h ^= std::hash<c10::Device>()(id.device) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
-  return h;
-}
-
 int64_t KeyTable::Stream::pendingGlobal() const {
   int64_t n = 0;
   for (const auto& [step, list] : arrivals) {
@@ -57,22 +48,6 @@ KeyTable::Stream& KeyTable::touch(uint64_t key, const at::Tensor& t) {
   return stream;
 }
 
-uint64_t KeyTable::identityKey(const at::Tensor& t) {
-  const bool hasStorage = t.has_storage();
-  const Identity id{hasStorage ? static_cast<const void*>(t.storage().unsafeGetStorageImpl()) : t.data_ptr(),
-                    hasStorage ? t.storage_offset() : 0, t.numel(), t.scalar_type(), t.device()};
-  auto [it, inserted] = identityKeys_.try_emplace(id, nextIdentityKey_);
-  if (inserted) {
-    ++nextIdentityKey_;
-    Stream& stream = touch(it->second, t);
-    stream.identity = id;
-    if (hasStorage) {
-      stream.storageRef = t.storage().getWeakStorageImpl();
-    }
-  }
-  return it->second;
-}
-
 uint64_t KeyTable::scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter) {
   // The stream is (scope, size, dtype): a parameter group whose set of gradients changes (a parameter without a
   // gradient in some step) reduces a tensor of another size, which is another stream, not a changed one.
@@ -95,8 +70,7 @@ uint64_t KeyTable::scopedKey(const std::string& scope, const at::Tensor& t, bool
   return key;
 }
 
-bool KeyTable::evict() {
-  bool forgotUnkeyable = false;
+void KeyTable::evict() {
   auto it = lru_.begin();
   while (static_cast<int64_t>(streams_.size()) > maxKeys_ && it != lru_.end()) {
     auto found = streams_.find(*it);
@@ -106,14 +80,9 @@ bool KeyTable::evict() {
       ++it;  // holds contributions in flight (never forgotten), or the key being prepared
       continue;
     }
-    if (stream.identity) {
-      forgotUnkeyable = forgotUnkeyable || stream.seen <= 1;
-      identityKeys_.erase(*stream.identity);
-    }
     streams_.erase(found);
     it = lru_.erase(it);
   }
-  return forgotUnkeyable;
 }
 
 KeyTable::Stream* KeyTable::find(uint64_t key) {
@@ -138,19 +107,11 @@ std::string KeyTable::describe(uint64_t key) const {
     return s.str();
   }
   const Stream* stream = find(key);
-  if (key >= kScopeKeyBase) {
-    s << "'" << (stream != nullptr ? stream->scope : std::string("?")) << "'";
-    if (stream != nullptr) {
-      s << " (" << (stream->scatter ? "reduce_scatter " : "all_reduce ") << stream->numel << " x "
-        << stream->prototype.scalar_type() << " on " << stream->prototype.device() << ")";
-    }
-    return s.str();
-  }
-  s << "tensor #" << (key - kIdentityKeyBase) << " (keyed by storage";
+  s << "'" << (stream != nullptr ? stream->scope : std::string("?")) << "'";
   if (stream != nullptr) {
-    s << ": " << stream->numel << " x " << stream->prototype.scalar_type() << " on " << stream->prototype.device();
+    s << " (" << (stream->scatter ? "reduce_scatter " : "all_reduce ") << stream->numel << " x "
+      << stream->prototype.scalar_type() << " on " << stream->prototype.device() << ")";
   }
-  s << ")";
   return s.str();
 }
 

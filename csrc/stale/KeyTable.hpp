@@ -17,11 +17,10 @@ namespace delaycomm {
 // The staleness engine's streams by key, bounded (docs/staleness.md, "Keys" and "Memory").
 //
 // A *key* names one stream of reductions (one DDP bucket); each call on a key is one step. Keys are explicit
-// (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase; for reductions inside an FSDP2
-// parameter group's gradient-reduction scope (stale/FsdpScope.hpp), the scope's name with the tensor's size and
-// dtype (scopeKey: a hash, >= kScopeKeyBase, the same on every rank whatever the order); or, for other reductions,
-// the storage identity of the tensor (storage object, offset, size, dtype, device), numbered from kIdentityKeyBase
-// in first-seen order, which is the same on every rank running the same program.
+// (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase; or named by the stream the recogniser
+// found (stale/Recognition.hpp: an FSDP2 parameter group's scope, a DDP bucket, a backward pass's k-th gradient
+// reduction) with the tensor's size and dtype (scopeKey: a hash, >= kScopeKeyBase, the same on every rank whatever
+// the order). The range between the two is unused (it held storage-identity keys).
 //
 // The table holds at most maxKeys keys: the least recently used key with nothing pending is forgotten beyond that.
 // The order depends only on the sequence of keys, so every rank forgets the same keys at the same call.
@@ -50,22 +49,6 @@ class KeyTable {
     size_t calls() const { return intervals.size() + (last != std::chrono::steady_clock::time_point{} ? 1 : 0); }
   };
 
-  // A tensor's storage identity. `storage` is the StorageImpl (kept from reuse by a weak reference, see
-  // Stream::storageRef), not the data pointer: the allocator may hand a freed buffer's address to a new tensor on one
-  // rank and not on another, while a new storage object is new on every rank.
-  struct Identity {
-    const void* storage;
-    int64_t offset;
-    int64_t numel;
-    c10::ScalarType dtype;
-    c10::Device device;
-    bool operator==(const Identity& o) const {
-      return storage == o.storage && offset == o.offset && numel == o.numel && dtype == o.dtype && device == o.device;
-    }
-  };
-  struct IdentityHash {
-    size_t operator()(const Identity& id) const;
-  };
   // One stream: its bookkeeping (the same on every rank: derived from the shared schedule) and this rank's own
   // deferred contributions.
   struct Stream {
@@ -76,13 +59,10 @@ class KeyTable {
     std::deque<Deferred> mine;                          // this rank's deferred contributions, in deferral order
     at::Tensor prototype;                               // dtype/device of the stream (no storage)
     int64_t numel = 0;                                  // its size at the last step
-    double resultScale = 1.0;          // the stream's result scale (last step): 1, 1 / N (AVG), f (PREMUL_SUM)
-    bool scatter = false;              // a reduce-scatter stream (last step)
-    std::string scope;                 // set for scope keys: the FSDP2 scope's name
-    CallTimes times;                   // step_ms=auto, until one stream has calibrated
-    std::optional<Identity> identity;  // set for storage-identity keys
-    // Holds the StorageImpl's memory (not its data) so that no other storage gets its address while the key lives.
-    std::optional<c10::weak_intrusive_ptr<c10::StorageImpl>> storageRef;
+    double resultScale = 1.0;           // the stream's result scale (last step): 1, 1 / N (AVG), f (PREMUL_SUM)
+    bool scatter = false;               // a reduce-scatter stream (last step)
+    std::string scope;                  // set for scope keys: the FSDP2 scope's name
+    CallTimes times;                    // step_ms=auto, until one stream has calibrated
     std::list<uint64_t>::iterator lru;  // position in the table's LRU list
 
     int64_t pendingGlobal() const;
@@ -93,17 +73,14 @@ class KeyTable {
 
   // The stream of `key`, created like `t` if new; marks it the most recently used.
   Stream& touch(uint64_t key, const at::Tensor& t);
-  // The key of `t` by storage identity (created and touched if new).
-  uint64_t identityKey(const at::Tensor& t);
   // The key of the stream that `scope` reduces with tensors like `t` (touched).
   uint64_t scopedKey(const std::string& scope, const at::Tensor& t, bool scatter);
   // The key scopedKey gives: a hash of the scope's name, size, dtype and kind (a pure function: tests and tools
   // compute the schedule of a scope's stream with it).
   static uint64_t scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter);
 
-  // Forgets the least recently used keys with nothing pending beyond maxKeys (never the most recent one). Returns
-  // whether it forgot a storage-identity key seen only once (a stream whose tensor is new on every call).
-  bool evict();
+  // Forgets the least recently used keys with nothing pending beyond maxKeys (never the most recent one).
+  void evict();
 
   Stream* find(uint64_t key);
   const Stream* find(uint64_t key) const;
@@ -111,7 +88,7 @@ class KeyTable {
   const std::map<uint64_t, Stream>& streams() const { return streams_; }
   size_t size() const { return streams_.size(); }
 
-  // A key as users read it: "key 3" (explicit), "tensor #2 (keyed by storage: 1024 x Float on cpu)" or
+  // A key as users read it: "key 3" (explicit) or
   // "'<scope>' (reduce_scatter 1024 x Float on cpu)".
   std::string describe(uint64_t key) const;
   // "reduce_scatter" for a reduce-scatter stream, else "all_reduce".
@@ -122,8 +99,6 @@ class KeyTable {
   const int64_t maxKeys_;
   std::map<uint64_t, Stream> streams_;
   std::list<uint64_t> lru_;  // keys by last call, least recent first
-  std::unordered_map<Identity, uint64_t, IdentityHash> identityKeys_;
-  uint64_t nextIdentityKey_ = kIdentityKeyBase;
 };
 
 }  // namespace delaycomm

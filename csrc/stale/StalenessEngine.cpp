@@ -121,17 +121,7 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
 int64_t StalenessEngine::stepTimeLocked(std::unique_lock<std::mutex>& lock, uint64_t key, const at::Tensor& t,
                                         Warnings& warnings) {
   KeyTable::Stream& stream = keys_.touch(key, t);
-  if (keys_.evict() && !warnedUnengaged_) {
-    warnedUnengaged_ = true;
-    warnings.push_back(c10::str(
-        "delaycomm: group '", options_.groupName, "': more than ", options_.maxKeys,
-        " reduced tensors were each seen once: the tensors are new storage on (almost) every call, so they cannot "
-        "be keyed as one stream by storage identity, and staleness never engages for them (they are reduced fresh; "
-        "the key table keeps the ",
-        options_.maxKeys,
-        " most recent). Key the stream explicitly: for DDP, ddp.register_comm_hook(None, delaycomm.ddp_hook); "
-        "otherwise delaycomm.stale_allreduce(tensor, key=...). See docs/staleness.md"));
-  }
+  keys_.evict();
   if (clock_.stepNs() > 0) {
     return clock_.stepNs();
   }

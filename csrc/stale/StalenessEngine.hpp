@@ -121,7 +121,7 @@ class StalenessEngine {
   double windowedRatio() const;
   StepSource stepSource() const;
   int64_t keyCount() const;
-  // A key as users read it: "key 3" (explicit) or "tensor #2 (keyed by storage: 1024 x Float on cpu)".
+  // A key as users read it: "key 3" (explicit) or "'<stream>' (all_reduce 1024 x Float on cpu)".
   std::string describeKey(uint64_t key) const;
 
   // Called with each one-time warning (stale:fresh ratio, calibration that cannot happen, unkeyable streams), on the
