@@ -299,6 +299,25 @@ py::dict describeSampler(const DelaySampler& s) {
 }
 
 // Applies f elementwise to a float or an array of floats; checks each input with `check`.
+// n consecutive counters of one (rank, stream) of a schedule, from start, as a NumPy array: the same for every
+// rank, computed without the GIL. `at(schedule, rank, stream, seq)` is the schedule's per-call value.
+template <typename T, typename At>
+py::array_t<T> scheduleRun(const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n,
+                           const char* method, At at) {
+  const uint64_t count = checkedUnsigned(n, method, "n");
+  const uint64_t st = checkedUnsigned(stream, method, "stream");
+  const uint64_t first = checkedUnsigned(start, method, "start");
+  py::array_t<T> out(static_cast<py::ssize_t>(count));
+  T* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (uint64_t i = 0; i < count; ++i) {
+      dst[i] = at(s, rank, st, first + i);
+    }
+  }
+  return out;
+}
+
 template <typename F, typename C>
 py::object mapDoubles(py::object x, F f, C check) {
   if (py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) {
@@ -464,35 +483,17 @@ void bindDelay(py::module_& m) {
       .def(
           "delays_ns",
           [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
-            const uint64_t count = checkedUnsigned(n, "DelaySchedule.delays_ns", "n");
-            const uint64_t st = checkedUnsigned(stream, "DelaySchedule.delays_ns", "stream");
-            const uint64_t first = checkedUnsigned(start, "DelaySchedule.delays_ns", "start");
-            py::array_t<int64_t> out(static_cast<py::ssize_t>(count));
-            int64_t* dst = out.mutable_data();
-            {
-              py::gil_scoped_release release;
-              for (uint64_t i = 0; i < count; ++i) {
-                dst[i] = s.delayNs(rank, st, first + i);
-              }
-            }
-            return out;
+            return scheduleRun<int64_t>(
+                s, rank, stream, start, n, "DelaySchedule.delays_ns",
+                [](const DelaySchedule& d, int64_t r, uint64_t st, uint64_t q) { return d.delayNs(r, st, q); });
           },
           py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
       .def(
           "delayed_many",
           [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
-            const uint64_t count = checkedUnsigned(n, "DelaySchedule.delayed_many", "n");
-            const uint64_t st = checkedUnsigned(stream, "DelaySchedule.delayed_many", "stream");
-            const uint64_t first = checkedUnsigned(start, "DelaySchedule.delayed_many", "start");
-            py::array_t<bool> out(static_cast<py::ssize_t>(count));
-            bool* dst = out.mutable_data();
-            {
-              py::gil_scoped_release release;
-              for (uint64_t i = 0; i < count; ++i) {
-                dst[i] = s.delayed(rank, st, first + i);
-              }
-            }
-            return out;
+            return scheduleRun<bool>(
+                s, rank, stream, start, n, "DelaySchedule.delayed_many",
+                [](const DelaySchedule& d, int64_t r, uint64_t st, uint64_t q) { return d.delayed(r, st, q); });
           },
           py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
       .def(
