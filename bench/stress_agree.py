@@ -5,7 +5,7 @@ Each run starts --world ranks as processes forked from this one (torch imported 
 torchrun agent, so rank 0 hosts the TCPStore as under mp.spawn or a hand-started job. One rank (each in turn)
 gives a different DELAYCOMM_SEED, or on every --rejected-every-th run an invalid one; every rank calls
 init_process_group("delaycomm") as an unmodified script does and exits at once with what it raised (rank 0's
-store goes with it). Every rank must report the ValueError. Not a CI test (tests/test_agreement.py runs 22
+store goes with it). Every rank must report the ValueError. Not a CI test (tests/backend/test_agreement.py runs 22
 attempts inside one set of ranks).
 
   python bench/stress_agree.py --runs 100                  # 100 runs of 4 ranks

@@ -49,7 +49,7 @@ PY
   # with this torch only), the options, and the GPU tests (they skip without a GPU, but must collect and import
   # against this build).
   OMP_NUM_THREADS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/test_registration.py::test_init_process_group_without_importing_delaycomm \
-    tests/test_api.py::test_dropping_a_group_right_after_a_collective_does_not_deadlock \
-    tests/test_collectives.py tests/test_config.py tests/gpu
+    tests/backend/test_registration.py::test_init_process_group_without_importing_delaycomm \
+    tests/backend/test_api.py::test_dropping_a_group_right_after_a_collective_does_not_deadlock \
+    tests/backend/test_collectives.py tests/backend/test_config.py tests/gpu
 fi

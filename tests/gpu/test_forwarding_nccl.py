@@ -1,5 +1,5 @@
 """What DelayBackend forwards to its inner NCCL group (csrc/backend/DelayBackend.hpp, docs/core.md "Forwarded to
-the inner backends"), at world size 1. Skipped without CUDA; the Gloo side is tests/test_forwarding.py."""
+the inner backends"), at world size 1. Skipped without CUDA; the Gloo side is tests/backend/test_forwarding.py."""
 
 from __future__ import annotations
 

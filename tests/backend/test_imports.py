@@ -16,7 +16,7 @@ import pytest
 
 from tests.harness import run_cli
 
-PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[1] / "python"
+PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[2] / "python"
 
 
 def _modules() -> dict[str, pathlib.Path]:

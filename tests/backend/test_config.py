@@ -455,13 +455,13 @@ def test_public_api_is_documented():
 
 
 def test_readme_lists_every_option():
-    readme = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (__import__("pathlib").Path(__file__).resolve().parents[2] / "README.md").read_text()
     for opt in OPTIONS:
         assert f"| `{opt.name}` | `{opt.env}` |" in readme, f"README's options table lacks {opt.name}"
 
 
 def test_readme_says_which_options_must_match():
-    readme = (__import__("pathlib").Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (__import__("pathlib").Path(__file__).resolve().parents[2] / "README.md").read_text()
     for opt in OPTIONS:
         row = next(line for line in readme.splitlines() if line.startswith(f"| `{opt.name}` | `{opt.env}` |"))
         last = row.rstrip(" |").rsplit("|", 1)[1].strip()
