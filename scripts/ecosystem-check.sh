@@ -1,13 +1,26 @@
 #!/usr/bin/env bash
-# Runs delaycomm's staleness on ecosystem paths that CI does not install (docs/staleness.md, "Which reductions go
-# stale"): DeepSpeed ZeRO stages 0-3 on CPU, each under bsp and under ssp:2 with the same delay, fraction and seed,
-# as a user runs them (deepspeed.init_distributed(dist_backend="delaycomm"), only DELAYCOMM_* set, step_ms=auto).
-# Prints, per stage, rank 0's reduction counters (calls, delayed, stale, kept fresh) and final losses.
-#   scripts/ecosystem-check.sh [BASE_VENV]   BASE_VENV: a venv with torch and delaycomm (default: .venv)
-# Makes (once) .venv-ecosystem: BASE_VENV's packages plus DeepSpeed from the registry. Not part of CI.
+# Runs delaycomm with the front ends CI does not install (docs/ecosystem.md). Not part of CI.
+#   scripts/ecosystem-check.sh [--deepspeed-staleness] [BASE_VENV]
+# BASE_VENV: a venv with torch and delaycomm (default: .venv). Makes (once) .venv-ecosystem: BASE_VENV's packages
+# plus accelerate, transformers, pytorch-ignite, lightning and deepspeed from the registry, with torch held at
+# BASE_VENV's version (pip would otherwise pull another torch build for them).
+#
+# By default: examples/ecosystem/check.py, every recipe (accelerate, transformers Trainer, ignite, Lightning,
+# DeepSpeed ZeRO-2 and -3, torchrun restarts) on delaycomm and on gloo, 2 ranks on CPU; prints one table (front
+# end, version, delaycomm's calls, ranks' parameters equal, equal to gloo's, verdict) and exits 1 if a check fails.
+#
+# --deepspeed-staleness: instead, delaycomm's staleness on DeepSpeed (docs/staleness.md, "Which reductions go
+# stale"): ZeRO stages 0-3, each under bsp and under ssp:2 with the same delay, fraction and seed, as a user runs them
+# (deepspeed.init_distributed(dist_backend="delaycomm"), only DELAYCOMM_* set, step_ms=auto); prints, per stage,
+# rank 0's reduction counters (calls, delayed, stale, kept fresh) and final losses. About 20 minutes on 2 cores.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+mode=recipes
+if [ "${1:-}" = --deepspeed-staleness ]; then
+  mode=staleness
+  shift
+fi
 base=${1:-$root/.venv}
 venv=$root/.venv-ecosystem
 if [ ! -x "$venv/bin/python" ]; then
@@ -16,9 +29,17 @@ if [ ! -x "$venv/bin/python" ]; then
   basesite=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
   # addsitedir also reads BASE_VENV's own .pth files (its editable delaycomm, its own base venv).
   echo "import site; site.addsitedir('$basesite')" > "$site/_base_venv.pth"
-  "$venv/bin/python" -m pip install -q deepspeed
+  constraints=$(mktemp)
+  "$base/bin/python" -c 'import torch; print(f"torch=={torch.__version__}")' > "$constraints"
+  nice "$venv/bin/python" -m pip install -q -c "$constraints" accelerate transformers pytorch-ignite lightning deepspeed
+  rm -f "$constraints"
 fi
 py=$venv/bin/python
+
+if [ "$mode" = recipes ]; then
+  exec nice "$py" examples/ecosystem/check.py
+fi
+
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 echo "# delaycomm ecosystem check: DeepSpeed ZeRO on CPU, 2 ranks, 60 steps"
