@@ -9,7 +9,8 @@ test process's environment at the call (plus ``env``), not the fork server's.
 
 The run fails with every rank's traceback when a rank raises, when a rank exits with a code other than 0 (or than
 the one ``expect_exit`` names for it), or when a rank has not finished at the deadline (then every rank is
-killed). :func:`run_cli` runs a command in a fresh interpreter with a timeout and returns its result.
+killed). :func:`run_command` runs a command (a script, a tool) with a timeout and returns its result;
+:func:`run_cli` runs one in a fresh interpreter (``python [-m module] argv``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["run_procs", "run_cli", "free_port", "start_fork_server", "PRELOAD"]
+__all__ = ["run_procs", "run_cli", "run_command", "CommandTimeout", "free_port", "start_fork_server", "PRELOAD"]
 
 # What the fork server imports once. NOTE: DDP and FSDP import torch._dynamo and friends the first time they are
 # used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
@@ -234,8 +235,80 @@ def run_cli(
     Returns:
         The ``CompletedProcess`` with text ``stdout`` and ``stderr``; the caller checks ``returncode``.
     """
+    return run_command([sys.executable, *(["-m", module] if module else []), *argv], timeout, env, cwd)
+
+
+class CommandTimeout(subprocess.TimeoutExpired):
+    """A command still running at its timeout (killed with everything it started); its message ends with the
+    output it wrote so far."""
+
+    def __str__(self) -> str:
+        tails = []
+        for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
+            if isinstance(text, bytes):
+                text = text.decode(errors="replace")
+            if text:
+                tails.append(f"--- {name} (last 4000 characters):\n{text[-4000:]}")
+        return "\n".join([super().__str__(), *tails])
+
+
+def run_command(
+    argv: Sequence[str],
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a command (``argv[0]`` found on ``PATH``: a script, ``bash``, a tool) with a timeout, as a user runs it.
+
+    The command runs in a session of its own: at the timeout it is killed together with every process it started
+    (a launcher's ranks, a script's children), so nothing is left running on the machine.
+
+    Args:
+        argv: the command and its arguments.
+        timeout: seconds before the command is killed (:class:`CommandTimeout`, a ``subprocess.TimeoutExpired``
+            that carries the output so far; it fails the test).
+        env: the environment (default: this process's, with ``OMP_NUM_THREADS=1`` unless set).
+        cwd: the working directory.
+
+    Returns:
+        The ``CompletedProcess`` with text ``stdout`` and ``stderr``; the caller checks ``returncode``.
+    """
     if env is None:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, *(["-m", module] if module else []), *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    argv = [os.fspath(a) for a in argv]
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            _kill_session(proc)
+            raise CommandTimeout(argv, timeout, e.stdout, e.stderr) from None
+        except BaseException:
+            _kill_session(proc)
+            raise
+        finally:
+            _kill_session(proc, only_leftovers=True)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def _kill_session(proc: subprocess.Popen, only_leftovers: bool = False) -> None:
+    """Kill the command's session (the command and what it started); with ``only_leftovers``, what it started and
+    left running after it exited (daemonised children of a script)."""
+    import signal
+
+    if not only_leftovers:
+        proc.kill()
+        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
