@@ -145,7 +145,7 @@ else
     --junitxml "$out/gpu_tests.xml" -m gpu "${gpu_test_files[@]}"
 fi
 # The whole CPU set of the kernel tests, in file order: on this machine's torch 2.11 / Python 3.12 it once
-# segfaulted at a bad-input test after ~93% of the file (README "Known issues"), so order may matter.
+# segfaulted at a bad-input test after ~93% of the file (docs/known-issues.md), so order may matter.
 step kernel_bad_input 120 "$py" -X faulthandler -m pytest "${pytest_args[@]}" \
   --junitxml "$out/kernel_bad_input.xml" tests/kernels/test_blend.py -m "not gpu"
 
