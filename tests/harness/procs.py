@@ -29,7 +29,10 @@ __all__ = ["run_procs", "run_cli", "run_command", "CommandTimeout", "free_port",
 
 # What the fork server imports once. NOTE: DDP and FSDP import torch._dynamo and friends the first time they are
 # used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
+# pytest too: a rank imports its function's test module, and that module imports pytest (a second or two per rank
+# on a loaded 2-core machine).
 PRELOAD = [
+    "pytest",
     "torch",
     "torch.distributed",
     "delaycomm",

@@ -28,6 +28,8 @@ __all__ = ["RankError", "Outcome", "run_ranks", "describe_exit", "under_torchrun
 
 # How long the parent reads a dead rank's pipe for a last message before judging it dead without a report.
 _LAST_WORDS_S = 0.2
+# How long a rank that reported gets to exit (its teardown, its interpreter's) before it is stopped.
+_EXIT_PATIENCE_S = 10.0
 
 
 class RankError(Exception):
@@ -197,7 +199,7 @@ def run_ranks(
             p.start()
         reports.collect()
     finally:
-        stopped = _stop(procs, 5.0 if reports.ok else 0.0)
+        stopped = _stop(procs, _EXIT_PATIENCE_S if reports.ok else 0.0)
         messages.close()
     exitcodes = {r: p.exitcode for r, p in enumerate(procs)}
     elapsed_s = reports.ended - started
