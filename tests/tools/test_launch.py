@@ -67,11 +67,14 @@ def test_an_expected_exit_is_no_error_and_leaves_the_others_running():
 
 
 @pytest.mark.timeout(120)
-def test_the_teardown_runs_in_each_rank_and_its_error_is_ignored(tmp_path):
+def test_the_teardown_runs_in_each_rank_after_its_report_and_its_error_is_ignored(tmp_path):
     env = {"DC_TEARDOWN_FILE": str(tmp_path / "rank")}
     out = run_ranks(_targets.returns_rank, 2, env=env, teardown=_targets.write_teardown_file, **FAST)
     assert out.ok and out.results == {0: 0, 1: 1} and out.exitcodes == {0: 0, 1: 0}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rank0", "rank1"]
+    # the report is delivered before the teardown runs: a teardown that ends the process cannot lose it
+    crashed = run_ranks(_targets.returns_rank, 2, teardown=_targets.exit_5, **FAST)
+    assert crashed.results == {0: 0, 1: 1} and crashed.exitcodes == {0: 5, 1: 5} and crashed.stopped == set()
 
 
 @pytest.mark.parametrize(

@@ -117,16 +117,16 @@ def _rank_main(
             messages.put(("error", rank, traceback.format_exc()))
         else:
             messages.put(("result", rank, value))
-        if teardown is not None:
-            # After the report is on its way: a teardown that blocks (a peer wedged in a collective) cannot hold
-            # back the rank's outcome, and the parent stops the process all the same.
-            try:
-                teardown()
-            except BaseException:  # noqa: BLE001 - the rank's outcome is reported already
-                pass
     finally:
         messages.close()
-        messages.join_thread()
+        messages.join_thread()  # the report is in the pipe: nothing the teardown does can lose it
+    if teardown is not None:
+        # After the report: a teardown that blocks (a peer wedged in a collective) or crashes cannot hold back or
+        # lose the rank's outcome; the parent sees how the process ended, and stops it if it has to.
+        try:
+            teardown()
+        except BaseException:  # noqa: BLE001 - the rank's outcome is reported already
+            pass
 
 
 def run_ranks(
