@@ -314,9 +314,10 @@ print(json.dumps(out))
 def test_a_file_the_user_may_not_replace_fails_at_init_as_a_user_without_privileges():
     # As root, a sticky directory stops nothing; as another user it does: before, the job of user nobody passed
     # init, then exited 0 with no stats file and a .tmp file left (rename refused in the sticky directory).
-    import subprocess
     import sys
     import tempfile
+
+    from tests.harness import run_command
 
     root = tempfile.mkdtemp(prefix="delaycomm-stats-")  # under /tmp: pytest's own tmp_path is private to root
     try:
@@ -326,10 +327,8 @@ def test_a_file_the_user_may_not_replace_fails_at_init_as_a_user_without_privile
             f.write("root's")
         script = _AS_ANOTHER_USER.format(paths=[mine], rdzv=os.path.join(root, "rdzv"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-        proc = subprocess.run(
+        proc = run_command(
             ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
             timeout=100,
             env=env,
             cwd=root,
