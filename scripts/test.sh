@@ -6,9 +6,21 @@
 # On a 2-core machine the stages overlap where they can: the CUDA check (its venv with a 5.5 GB torch, the build,
 # the import and its few tests) runs in the background, at low priority, while the CPU build and the tests run; the
 # gate runs last, on a quiet machine.
+#   scripts/test.sh [--slow]
+#   --slow                        also run the tests marked slow (pytest -m slow: torchrun runs of the acceptance
+#                                 scripts, long soak tests); the default run deselects them, and docs/ci.md lists
+#                                 each one and the default-run test that covers its feature
 #   DELAYCOMM_SKIP_CUDA_CHECK=1   skip the CUDA compile check
 #   DELAYCOMM_TEST_WORKERS=N      pytest workers of the test stage (default 2; 0: one process)
 set -euo pipefail
+slow=0
+for arg in "$@"; do
+  case "$arg" in
+    --slow) slow=1 ;;
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/test.sh: unknown argument '$arg'; expected --slow" >&2; exit 2 ;;
+  esac
+done
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 . scripts/lib.sh
@@ -65,11 +77,17 @@ stage "lint: ruff check, ruff format --check, clang-format --dry-run" lint
 # two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
 # ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
+# The tests marked slow run with --slow only (docs/ci.md, "What runs only with --slow").
 workers=${DELAYCOMM_TEST_WORKERS:-2}
 unset_script_knobs
-stage "tests and benchmark smoke (torch $torch_cpu, CPU build)" \
+if [ $slow = 1 ]; then
+  selection=() what="all tests, slow ones included"
+else
+  selection=(-m "not slow") what="without the slow ones"
+fi
+stage "tests and benchmark smoke ($what)" \
   "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20 \
-  -n "$workers" --dist loadfile
+  -n "$workers" --dist loadfile "${selection[@]}"
 
 if [ -n "$cuda_pid" ]; then
   stage "CUDA compile check: waiting for the background job" cuda_prepared
