@@ -81,7 +81,7 @@ stage "lint: ruff check, ruff format --check, clang-format --dry-run" lint
 # two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
 # ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
-# The tests marked slow run with --slow only (docs/ci.md, "What runs only with --slow").
+# The tests marked slow run with --slow only (docs/ci.md, "The default run and --slow").
 workers=${DELAYCOMM_TEST_WORKERS:-2}
 unset_script_knobs
 if [ $slow = 1 ]; then
