@@ -2,7 +2,7 @@
 
 The last reference to a DelayBackend is dropped from Python; its inner ProcessGroupGloo joins its worker threads,
 and a worker finishing a work whose tensors Python created needs the GIL to release them. The backend's Python
-holder drops the reference with the GIL released (csrc/bindings.cpp, GilReleasingHolder).
+holder drops the reference with the GIL released (csrc/bindings/Backend.cpp, GilReleasingHolder).
 """
 
 from __future__ import annotations
