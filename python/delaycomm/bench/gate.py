@@ -1,6 +1,6 @@
 """The CI performance gate: did delaycomm get slower *relative to the raw backend*, beyond noise?
 
-The rule (also in docs/bench.md and the README):
+The rule (also in docs/benchmark.md and the README):
 
 1. Only ratios are compared, never absolute times: in each repeat of a run, ratio = p50(delaycomm) / p50(raw),
    both measured interleaved in the same processes. A slower (or faster) machine moves both sides alike, so the
