@@ -3,13 +3,13 @@
   python bench/delay_precision.py                # CPU precision (issuer thread and host sleep) + overhead
   python bench/delay_precision.py --gpu          # + the GPU sleep kernel's precision (CUDA events)
 
-Precision: |actual - requested| for const delays of 1, 10, 100 ms (target, docs/bench.md "Targets": p99 <= 200 us
+Precision: |actual - requested| for const delays of 1, 10, 100 ms (target, docs/benchmark.md "Targets": p99 <= 200 us
 on CPU, <= 10 us on GPU). "issuer": a world-size-1 delaycomm group delays every all_reduce on the network path;
 actual = the call's completion time minus the median completion time of the same op without delay (measured in
 the same run).
 "host_sleep": the precise sleep the host path uses. "gpu_kernel": CUDA events around the sleep kernel.
 Overhead: delay=none delaycomm vs raw Gloo, 2 ranks, interleaved A/B blocks; the ratio of medians per size
-(target, docs/bench.md "Targets": <= 1.03 at >= 64 KiB, <= 1.10 at 8 B-4 KiB).
+(target, docs/benchmark.md "Targets": <= 1.03 at >= 64 KiB, <= 1.10 at 8 B-4 KiB).
 """
 
 from __future__ import annotations
