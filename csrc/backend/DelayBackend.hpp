@@ -165,7 +165,6 @@ class DelayBackend : public c10d::Backend {
   // calls it at the same point); returns (key, delivered sum) pairs.
   c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, uint64_t key, bool average);
   std::vector<std::pair<uint64_t, at::Tensor>> flush();
-  StalenessEngine* staleness() { return stale_.get(); }
   // (this rank's pending stale contributions, the group's); zeros under bsp.
   std::pair<int64_t, int64_t> stalePending() const;
   // The stale:fresh ratio over the engine's recent window; 0 under bsp.
@@ -175,7 +174,6 @@ class DelayBackend : public c10d::Backend {
 
   // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
   void harvestCudaTimings() { stats_->harvestCudaTimings(); }
-  GroupStats& stats() { return *stats_; }
   // delaycomm.stats() of this group (stats/Telemetry.hpp): the completed CUDA timings folded in, then the group's
   // counters and the staleness engine's values.
   GroupTelemetry telemetry();
