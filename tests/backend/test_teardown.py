@@ -102,6 +102,6 @@ def test_destroy_joins_gloos_worker_threads_while_the_module_still_holds_the_gro
     # exit) keeps the group alive, and a worker still freeing Python-owned tensors at interpreter exit aborts the
     # process. destroy_process_group releases delaycomm's inner Gloo group, its only owner, so its workers (2 by
     # default) are joined there. (Before, as with plain Gloo, the count did not drop: with backend="gloo" the same
-    # function keeps 6 of 6 threads and the process then aborts at exit; README, Known issues.)
+    # function keeps 6 of 6 threads and the process then aborts at exit; docs/known-issues.md.)
     for before, after in spawn(threads_around_destroy, 2, timeout=100):
         assert before - after >= 2, (before, after)
