@@ -65,7 +65,7 @@ struct BackendOptions {
 //    work and share the group's stats (never the backend), so a work may outlive its group.
 //  - Unsupported ops fail with "Backend delaycomm does not support <op> ...".
 //  - Cost: with nothing configured that acts on this rank (no delay targets it, no slowdown), a CPU op is issued
-//    in place and returned in a DirectWorkCpu (the fast path: docs/percall.md has its measured cost).
+//    in place and returned in a DirectWorkCpu (the fast path: docs/benchmark.md has its measured cost).
 //  - Delay (when configured): see DelayInjector. Timeouts: every wait that delaycomm adds is bounded by the
 //    group's timeout (options.timeout) and ends in the timeout error of delay/DelayTimeout.hpp.
 //  - Lifecycle: shutdown() (destroy_process_group) wakes every caller sleeping in a host delay or slowdown (their
