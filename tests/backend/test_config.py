@@ -162,7 +162,7 @@ BAD = [
     ),
 ]
 
-# Defect 7 of issue 10: values that overflow the native type they become, or pass a bound that keeps the
+# Values that overflow the native type they become, or pass a bound that keeps the
 # arithmetic on them exact; each was accepted (or raised TypeError at group creation) before.
 OVERFLOW = [
     ("staleness", "ssp:99999999999999999999999", _STALENESS),
@@ -237,7 +237,7 @@ def test_an_empty_variable_is_rejected_for_every_option(opt):
 
 
 def test_message_names_where_the_value_came_from_once():
-    # Defect 12: no "(environment variable ...)" for a keyword, no variable named twice, no "expected delaycomm:".
+    # No "(environment variable ...)" for a keyword, no variable named twice, no "expected delaycomm:".
     msgs = []
     for make in (
         lambda: resolve(env={"DELAYCOMM_DELAY": "exp:p99=400"}),
@@ -288,7 +288,7 @@ def test_random_strings_give_config_or_value_error(name, text):
     assert error is None or f"option '{name}'" in error
 
 
-# Property over huge / tiny / NaN / infinite / overflowing numbers for every numeric option (defect 7): the value
+# Property over huge / tiny / NaN / infinite / overflowing numbers for every numeric option: the value
 # is refused with the one message, or it is inside the documented range and fits the native options it becomes.
 _NUMBER_TEXT = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),

@@ -267,7 +267,7 @@ def test_stats_paths_that_must_not_be_replaced_collide_or_repeat(tmp_path):
         path = str(cycles / f"d{rank}.json")
         assert len(got[6]) == 1 and re.fullmatch(
             re.escape(f"delaycomm: the stats of group '0' were not written to {path!r}: [Errno 21] Is a directory: ")
-            + rf"'{re.escape(path)}\.tmp\d+' -> '{re.escape(path)}' "
+            + rf"'{re.escape(str(cycles))}/\.d{rank}\.json\.\d+\.[0-9a-f]+\.tmp' -> '{re.escape(path)}' "
             + re.escape("(the path was checked when the group was created and has changed since)"),
             got[6][0],
         ), got[6]
