@@ -1,5 +1,5 @@
 """The stats file: one per rank and group (placeholders, a directory, or added suffixes), checked writable when the
-group is created (issue 10, defect 13). Real ranks, real Gloo."""
+group is created (docs/telemetry.md). Real ranks, real Gloo."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_a_group_never_destroyed_writes_its_stats_at_exit(tmp_path):
     env["DELAYCOMM_STATS"] = str(tmp_path / "stats.json")
     proc = run_cli(["-c", _NEVER_DESTROYED.format(rdzv=tmp_path / "rdzv")], env=env, timeout=100)
     # NOTE: a process that exits with a Gloo group never destroyed aborts now and then in teardown, after the
-    # interpreter's exit handlers, with plain Gloo too (README, "Known issues"; 1 in 15 here for each): that is
+    # interpreter's exit handlers, with plain Gloo too (docs/known-issues.md; 1 in 15 here for each): that is
     # not what this test is about, and the stats are written before it.
     upstream_abort = proc.returncode == -6 and "terminate called without an active exception" in proc.stderr
     assert proc.returncode == 0 or upstream_abort, proc.stderr[-3000:]
