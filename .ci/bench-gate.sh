@@ -7,7 +7,7 @@
 #   .ci/bench-gate.sh --two-rank [PYTHON]         the former gate, not run by CI: 2-rank delaycomm/gloo ratios of
 #                                                 python -m delaycomm.bench against bench/baselines/cpu-2rank.json
 #
-# The gate (bench/percall.py, rule in docs/bench.md, "The per-call gate"): one process, world size 1, raw Gloo vs
+# The gate (bench/percall.py, rule in docs/benchmark.md, "The per-call gate"): one process, world size 1, raw Gloo vs
 # delaycomm with nothing configured, 8-byte all_reduce on every path (sync, async_op + wait, get_future().then),
 # 5 runs of 30 interleaved pairs of 400-call blocks, process CPU time per call. A run's regression is (its
 # delaycomm/gloo ratio - the baseline's) x its raw cost: microseconds per call at this machine's speed. The gate

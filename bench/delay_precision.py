@@ -1,15 +1,16 @@
-"""Delay precision and delay=none overhead of delaycomm (issue 3 benchmarks). JSON on stdout or --json FILE.
+"""Delay precision and delay=none overhead of delaycomm. JSON on stdout or --json FILE.
 
   python bench/delay_precision.py                # CPU precision (issuer thread and host sleep) + overhead
   python bench/delay_precision.py --gpu          # + the GPU sleep kernel's precision (CUDA events)
 
-Precision: |actual - requested| for const delays of 1, 10, 100 ms (target, docs/bench.md "Targets": p99 <= 200 us
-on CPU, <= 10 us on GPU). "issuer": a world-size-1 delaycomm group delays every all_reduce on the network path;
+Precision: |actual - requested| for const delays of 1, 10, 100 ms (target, docs/benchmark.md, "Targets": p99 <=
+200 us on CPU, <= 10 us on GPU). "issuer": a world-size-1 delaycomm group delays every all_reduce on the network path;
 actual = the call's completion time minus the median completion time of the same op without delay (measured in
 the same run).
 "host_sleep": the precise sleep the host path uses. "gpu_kernel": CUDA events around the sleep kernel.
-Overhead: delay=none delaycomm vs raw Gloo, 2 ranks, interleaved A/B blocks; the ratio of medians per size
-(target, docs/bench.md "Targets": <= 1.03 at >= 64 KiB, <= 1.10 at 8 B-4 KiB).
+Overhead: delay=none delaycomm vs raw Gloo, 2 ranks (started by the tools' launcher, delaycomm._tools.launch),
+interleaved A/B blocks; the ratio of medians per size (target, docs/benchmark.md, "Targets": <= 1.03 at >= 64 KiB,
+<= 1.10 at 8 B-4 KiB).
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import sys
 import tempfile
@@ -27,7 +27,6 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -44,12 +43,6 @@ def _summary_us(errors_s: list[float]) -> dict[str, float]:
         "max_us": max(a),
         "mean_signed_us": statistics.fmean(errors_s) * 1e6,
     }
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cpu_precision(delays_ms: list[float], n: int) -> dict:
@@ -111,11 +104,10 @@ def gpu_precision(delays_ms: list[float], n: int) -> dict:
     return out
 
 
-def _overhead_rank(rank: int, world: int, port: int, sizes: list[int], iters: int, blocks: int, q) -> None:
+def _overhead_rank(rank: int, world: int, post, init_method: str, sizes: list[int], iters: int, blocks: int) -> dict:
     import delaycomm
 
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=60))
+    dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=60))
     groups = {
         "delaycomm": dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none")),
         "gloo": dist.new_group(backend="gloo"),
@@ -144,19 +136,22 @@ def _overhead_rank(rank: int, world: int, port: int, sizes: list[int], iters: in
             "ratios": ratios,
         }
     dist.destroy_process_group()
-    q.put((rank, res))
+    return res
 
 
 def overhead(world: int, sizes: list[int], iters: int, blocks: int) -> dict:
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = _free_port()
-    procs = [ctx.Process(target=_overhead_rank, args=(r, world, port, sizes, iters, blocks, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    results = dict(q.get(timeout=600) for _ in procs)
-    for p in procs:
-        p.join(30)
+    from delaycomm._tools.launch import run_ranks
+
+    with tempfile.TemporaryDirectory() as d:
+        out = run_ranks(
+            _overhead_rank, world, (f"file://{d}/store", sizes, iters, blocks), deadline_s=600.0, name="overhead-rank"
+        )
+    if out.errors:
+        rank = min(out.errors)
+        raise RuntimeError(f"overhead: rank {rank} failed:\n{out.errors[rank]}")
+    if out.timed_out:
+        raise RuntimeError(f"overhead: ranks {sorted(set(range(world)) - set(out.results))} still running after 600 s")
+    results = out.results
     return {
         "world_size": world,
         "iters": iters,

@@ -14,11 +14,11 @@
 #   environment   GPU, driver, torch, CUDA, NCCL, Python versions
 #   build         delaycomm with its CUDA sources against this python3's torch, into $WORK/pkg (sm_90 by default)
 #   import        the build loads, has its CUDA sources and its torch.backends entry point
-#   gpu_tests     pytest tests/gpu (every collective at world size 1 sync and async, DDP under torchrun bsp vs
-#                 ssp:2+ema with delay, FSDP2 under torchrun with its reduce-scatter stream stale on the device
-#                 (conservation under apply), NCCL's own INFO lines on NCCL_ALGO/NCCL_BUFFSIZE, a user's settings
-#                 winning), tests/delay/test_gpu.py (the sleep kernel), tests/kernels -m gpu; each test leaves its
-#                 evidence in $OUT/evidence
+#   gpu_tests     pytest -m gpu over every test file that uses the marker (tests/conftest.py): tests/gpu (every
+#                 collective at world size 1 sync and async, DDP under torchrun bsp vs ssp:2+ema with delay, FSDP2
+#                 under torchrun with its reduce-scatter stream stale on the device (conservation under apply),
+#                 NCCL's own INFO lines on NCCL_ALGO/NCCL_BUFFSIZE, a user's settings winning), the sleep kernel,
+#                 the fused kernel on CUDA; each test leaves its evidence in $OUT/evidence
 #   kernel_bad_input  the CPU tests of the fused kernel, bad input included (they segfaulted on the GPU machine once)
 #   percall       what delaycomm adds per call vs raw NCCL, 8 B-256 MiB, every path (bench/percall.py)
 #   kernels       fused blend kernel bandwidth vs device copy and unfused torch ops (bench/kernel_bandwidth.py)
@@ -133,16 +133,19 @@ assert torch.cuda.is_available() or not $need_cuda, 'torch sees no CUDA device'
 # on the H200 machine); each step's time limit stops a hang either way.
 pytest_args=(-q -p no:cacheprovider -o addopts= -rfEs)
 "$py" -c "import pytest_timeout" 2>/dev/null && pytest_args+=(--timeout 300)
+# The GPU tests are the tests marked `gpu`, wherever they live (tests/conftest.py): the files that use the marker.
+# (Only those are collected: other test files may import what this machine lacks, hypothesis say.)
+mapfile -t gpu_test_files < <(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu\b' tests | sort)
 if [ $dry = 0 ]; then
   GPU_CHECK_OUT=$out/evidence step gpu_tests 300 "$py" -m pytest "${pytest_args[@]}" \
-    --junitxml "$out/gpu_tests.xml" tests/gpu tests/delay/test_gpu.py tests/kernels -m gpu
+    --junitxml "$out/gpu_tests.xml" -m gpu "${gpu_test_files[@]}"
 else
   # the tests with a CPU analogue run over Gloo; NCCL-only ones and the CUDA kernels skip
   GPU_CHECK_DEVICE=cpu GPU_CHECK_OUT=$out/evidence step gpu_tests 600 "$py" -m pytest "${pytest_args[@]}" \
-    --junitxml "$out/gpu_tests.xml" tests/gpu tests/delay/test_gpu.py tests/kernels -m gpu
+    --junitxml "$out/gpu_tests.xml" -m gpu "${gpu_test_files[@]}"
 fi
 # The whole CPU set of the kernel tests, in file order: on this machine's torch 2.11 / Python 3.12 it once
-# segfaulted at a bad-input test after ~93% of the file (README "Known issues"), so order may matter.
+# segfaulted at a bad-input test after ~93% of the file (docs/known-issues.md), so order may matter.
 step kernel_bad_input 120 "$py" -X faulthandler -m pytest "${pytest_args[@]}" \
   --junitxml "$out/kernel_bad_input.xml" tests/kernels/test_blend.py -m "not gpu"
 

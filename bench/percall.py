@@ -10,7 +10,7 @@ with nothing configured, blocks of ``--calls`` calls alternating between them, `
 A run's figure is the median over its pairs of (delaycomm block - raw block), per call; the reported figure is the
 median over ``--runs`` runs of those medians, in process CPU time (wall time too: on a loaded machine it is the
 noisier one). The ratio (median of delaycomm / raw per pair) is reported beside it. The gate and its rule:
-``docs/bench.md`` ("The per-call gate"), and :func:`gate` below.
+``docs/benchmark.md`` ("The per-call gate"), and :func:`gate` below.
 
 Exit status: 0 fine; 1 the gate failed; 2 bad input; 3 a run failed (its error is printed).
 """
@@ -31,6 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from delaycomm._tools import args as argtypes
+from delaycomm.bench.gate import count_over, majority_over
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -97,11 +98,12 @@ class Verdict:
 
     @property
     def runs_over(self) -> int:
-        return sum(1 for r in self.run_regression_us if r > self.limit_us)
+        return count_over(self.run_regression_us, self.limit_us)
 
     @property
     def failed(self) -> bool:
-        return self.regression_us > self.limit_us and self.runs_over * 2 > len(self.run_regression_us)
+        """The gate's rule (:func:`delaycomm.bench.gate.majority_over`) over this item's per-run regressions."""
+        return majority_over(self.run_regression_us, self.limit_us)
 
 
 def gate(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float) -> list[Verdict]:
@@ -109,8 +111,9 @@ def gate(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float)
 
     A run's regression, in µs per call at this machine's speed, is (ratio - baseline ratio) x raw cost, all of this
     run: the baseline contributes only its ratio, a relative figure, so a slower or faster machine neither fails nor
-    hides a regression (docs/bench.md says why the ratio and not the difference). An item fails when the median
-    over runs is above the limit and a majority of runs are.
+    hides a regression (docs/benchmark.md says why the ratio and not the difference). An item fails by the gate's
+    majority rule (:func:`delaycomm.bench.gate.majority_over`): the median over runs is above the limit and a
+    majority of runs are.
 
     Raises:
         ValueError: a different device, or no (size, path) in common.
@@ -387,7 +390,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--pin-cpu",
         action="store_true",
         help="run each measuring process on one CPU (the first this process may use), all its threads together: "
-        "where the caller and each group's Gloo worker thread land otherwise decides a run's cost (docs/percall.md); "
+        "where the caller and each group's Gloo worker thread land otherwise decides a run's cost (docs/benchmark.md); "
         "what the CI gate does",
     )
     p.add_argument(

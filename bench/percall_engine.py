@@ -162,84 +162,105 @@ def measure(spec: dict[str, Any], progress: Callable[[int, int], None] | None = 
         be = type(dc._get_backend(torch.device(device))).__name__
         if be != "DelayBackend":
             raise RuntimeError(f"the delaycomm group's {device} backend is {be}, expected DelayBackend")
-        paths = [PATHS[p] for p in spec["paths"]]
         injection = calibrate(spec["inject_us"]) if spec["inject_us"] > 0 else None
-        iterations = injection["iterations"] if injection else 0
-        items, calls_made = [], 0
-        for size in spec["sizes"]:
-            n = max(1, size // 4)
-            for p in paths:
-                # Ones: a SUM over one rank leaves them ones, whatever the number of calls (checked at the end).
-                t_raw = torch.ones(n, dtype=torch.float32, device=device)
-                t_dc = torch.ones(n, dtype=torch.float32, device=device)
-                items.append(
-                    {
-                        "size_bytes": n * 4,
-                        "path": p.name,
-                        "t": (t_raw, t_dc),
-                        "calls": (p.make(t_raw, raw), _injected(p.make(t_dc, dc), iterations)),
-                        "raw_cpu_us": [],
-                        "dc_cpu_us": [],
-                        "raw_wall_us": [],
-                        "dc_wall_us": [],
-                        "first": [],
-                    }
-                )
-        calls, rounds = int(spec["calls"]), int(spec["warmup_blocks"]) + int(spec["blocks"])
+        items = _items(spec, raw, dc, injection["iterations"] if injection else 0)
         for it in items:  # first calls: connect, allocate, load kernels (not counted: the stats are reset)
             for c in it["calls"]:
                 for _ in range(8):
                     c()
         sync()
         delaycomm.reset_stats(dc)
-        gc.collect()
-        gc_was_enabled = gc.isenabled()
-        gc.disable()  # a collection inside a block would charge one side with unrelated work
-        try:
-            for r in range(rounds):
-                for k, it in enumerate(items):
-                    raw_first = (r + k) % 2 == 0
-                    order = (0, 1) if raw_first else (1, 0)
-                    res = {}
-                    for side in order:
-                        res[side] = _block(it["calls"][side], calls, sync)
-                    calls_made += calls
-                    if r >= spec["warmup_blocks"]:
-                        it["raw_cpu_us"].append(round(res[0][0], 4))
-                        it["dc_cpu_us"].append(round(res[1][0], 4))
-                        it["raw_wall_us"].append(round(res[0][1], 4))
-                        it["dc_wall_us"].append(round(res[1][1], 4))
-                        it["first"].append("raw" if raw_first else "delaycomm")
-                if progress is not None:
-                    progress(r + 1, rounds)
-        finally:
-            if gc_was_enabled:
-                gc.enable()
+        calls_made = _rounds(items, spec, sync, progress)
         sync()
-        wrong = sum(int((t != 1).sum()) for it in items for t in it["t"])
-        if wrong:
-            raise RuntimeError(
-                f"{wrong} elements changed: an all_reduce SUM over one rank must leave its input as it was"
-            )
-        st = delaycomm.stats(dc)["ops"].get("allreduce", {})
-        counted = st.get("calls", 0)
-        if counted != calls_made:
-            raise RuntimeError(
-                f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made {calls_made}"
-            )
-        checks = {
-            "delaycomm_backend": be,
-            "raw_backend": raw_name,
-            "wrong_elements": wrong,
-            "delaycomm_calls_counted": counted,
-            "delaycomm_calls_made": calls_made,
-            "injection": injection,
-        }
+        checks = _check(items, dc, calls_made)
+        checks = {"delaycomm_backend": be, "raw_backend": raw_name, **checks, "injection": injection}
         for it in items:
             del it["t"], it["calls"]
         return {"items": items, "checks": checks}
     finally:
         dist.destroy_process_group()
+
+
+def _items(spec: dict[str, Any], raw, dc, iterations: int) -> list[dict[str, Any]]:
+    """One item per (size, path): its two tensors, its two calls (raw, delaycomm) and empty result lists."""
+    import torch
+
+    device = spec["device"]
+    paths = [PATHS[p] for p in spec["paths"]]
+    items = []
+    for size in spec["sizes"]:
+        n = max(1, size // 4)
+        for p in paths:
+            # Ones: a SUM over one rank leaves them ones, whatever the number of calls (checked at the end).
+            t_raw = torch.ones(n, dtype=torch.float32, device=device)
+            t_dc = torch.ones(n, dtype=torch.float32, device=device)
+            items.append(
+                {
+                    "size_bytes": n * 4,
+                    "path": p.name,
+                    "t": (t_raw, t_dc),
+                    "calls": (p.make(t_raw, raw), _injected(p.make(t_dc, dc), iterations)),
+                    "raw_cpu_us": [],
+                    "dc_cpu_us": [],
+                    "raw_wall_us": [],
+                    "dc_wall_us": [],
+                    "first": [],
+                }
+            )
+    return items
+
+
+def _rounds(
+    items: list[dict[str, Any]],
+    spec: dict[str, Any],
+    sync: Callable[[], None],
+    progress: Callable[[int, int], None] | None,
+) -> int:
+    """Run every round of paired blocks (repeat-major, order alternating); record the measured ones.
+
+    Returns:
+        The number of delaycomm calls made (every side of every round, warm-up rounds included).
+    """
+    calls, rounds = int(spec["calls"]), int(spec["warmup_blocks"]) + int(spec["blocks"])
+    calls_made = 0
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    gc.disable()  # a collection inside a block would charge one side with unrelated work
+    try:
+        for r in range(rounds):
+            for k, it in enumerate(items):
+                raw_first = (r + k) % 2 == 0
+                order = (0, 1) if raw_first else (1, 0)
+                res = {}
+                for side in order:
+                    res[side] = _block(it["calls"][side], calls, sync)
+                calls_made += calls
+                if r >= spec["warmup_blocks"]:
+                    it["raw_cpu_us"].append(round(res[0][0], 4))
+                    it["dc_cpu_us"].append(round(res[1][0], 4))
+                    it["raw_wall_us"].append(round(res[0][1], 4))
+                    it["dc_wall_us"].append(round(res[1][1], 4))
+                    it["first"].append("raw" if raw_first else "delaycomm")
+            if progress is not None:
+                progress(r + 1, rounds)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return calls_made
+
+
+def _check(items: list[dict[str, Any]], dc, calls_made: int) -> dict[str, Any]:
+    """Every result still right, and delaycomm's telemetry counted every call; raise otherwise."""
+    import delaycomm
+
+    wrong = sum(int((t != 1).sum()) for it in items for t in it["t"])
+    if wrong:
+        raise RuntimeError(f"{wrong} elements changed: an all_reduce SUM over one rank must leave its input as it was")
+    st = delaycomm.stats(dc)["ops"].get("allreduce", {})
+    counted = st.get("calls", 0)
+    if counted != calls_made:
+        raise RuntimeError(f"delaycomm's telemetry counted {counted} all_reduce calls, the harness made {calls_made}")
+    return {"wrong_elements": wrong, "delaycomm_calls_counted": counted, "delaycomm_calls_made": calls_made}
 
 
 def worker_environment() -> dict[str, str]:

@@ -192,8 +192,9 @@ def main(argv: list[str] | None = None) -> int:
                 }
         result["jobs"][job] = entry
     result["verdict"] = "pass" if ok else "fail"
-    with open(os.path.join(args.out, "result.json"), "w") as f:
-        json.dump(result, f, indent=1)
+    from delaycomm._tools.output import write_json  # the parent loads delaycomm only to write the record
+
+    write_json(os.path.join(args.out, "result.json"), result)
     print(f"{'job':4} {'size':5} " + " ".join(f"{'p' + format(q * 100, 'g'):>16}" for q in quantiles))
     for job, entry in result["jobs"].items():
         for s, row in entry["sizes"].items():

@@ -15,7 +15,6 @@ attempts inside one set of ranks).
 from __future__ import annotations
 
 import argparse
-import json
 import multiprocessing
 import os
 import platform
@@ -112,8 +111,9 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(bad_runs)} ({record['seconds']} s)"
     )
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(record, f, indent=2)
+        from delaycomm._tools.output import write_json
+
+        write_json(a.json, record)
     return 1 if bad_runs else 0
 
 

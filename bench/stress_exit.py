@@ -148,23 +148,23 @@ def report(args, backends: list[str], runs: list[dict], elapsed: float, final: b
         for b, s in summary.items():
             print(f"{b:<10} {s['runs']:>5} {s['rank_aborts']:>12} {s['rank_hangs']:>11} {s['runs_with_a_failure']:>12}")
     if args.json:
-        with open(args.json, "w") as f:
-            json.dump(
-                {
-                    "argv": sys.argv,
-                    "torch": torch.__version__,
-                    "python": platform.python_version(),
-                    "machine": platform.platform(),
-                    "cpus": os.cpu_count(),
-                    "elapsed_s": elapsed,
-                    "load_average": os.getloadavg(),
-                    "delaycomm_env": json.loads(args.delaycomm_env),
-                    "summary": summary,
-                    "runs": runs,
-                },
-                f,
-                indent=1,
-            )
+        from delaycomm._tools.output import write_json  # the parent loads delaycomm only to write the record
+
+        write_json(
+            args.json,
+            {
+                "argv": sys.argv,
+                "torch": torch.__version__,
+                "python": platform.python_version(),
+                "machine": platform.platform(),
+                "cpus": os.cpu_count(),
+                "elapsed_s": elapsed,
+                "load_average": os.getloadavg(),
+                "delaycomm_env": json.loads(args.delaycomm_env),
+                "summary": summary,
+                "runs": runs,
+            },
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -37,6 +37,7 @@ HEADER_TAIL = re.compile(
     r"(->\s*[\w:<>,\s*&]+)?\s*(:\s*[\w:]+\s*[({][^{}]*[)}]\s*(,\s*[\w:]+\s*[({][^{}]*[)}]\s*)*)?$",
     re.S,
 )
+TYPE_HEADER = re.compile(r"\b(class|struct|union|enum)\s+[\w:]*\s*(final\s*)?(:[^()]*)?$")
 CONTROL = re.compile(r"\b(if|for|while|switch|catch|do|else|try)\s*(\(|$)")
 
 
@@ -121,7 +122,7 @@ def cxx_functions(path: Path):
             continue
         # a header's own lines only (a preprocessor line before it is not part of it)
         header = "\n".join(ln for ln in header.splitlines() if not ln.lstrip().startswith("#")).strip()
-        if SCOPE_KEYWORDS.match(header) or re.search(r"\b(class|struct|union|enum)\s+[\w:]*\s*(final\s*)?(:[^()]*)?$", header):
+        if SCOPE_KEYWORDS.match(header) or TYPE_HEADER.search(header):
             stack.append(("scope", 0, ""))
         elif "(" in header and HEADER_TAIL.search(header) and not CONTROL.search(header.split("(")[0]):
             start = text.count("\n", 0, text.rfind(header, 0, pos)) + 1

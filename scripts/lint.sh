@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Lint and format checks: ruff (lint + format) for Python, clang-format for C++/CUDA, with the configuration in
-# pyproject.toml ([tool.ruff]) and .clang-format; the tools are the versions pinned by the `lint` extra.
+# pyproject.toml ([tool.ruff]) and .clang-format; the tools are the versions pinned by the `lint` extra. Then the
+# house's own two (docs/ci.md, "Lint"): no function over 110 lines (scripts/function_length.py), and the docs'
+# links, result files and README length (scripts/check_docs.py); --fix cannot fix those.
 #   scripts/lint.sh [--fix] [VENV]     --fix: apply the fixes and the formatting instead of reporting them
 # CI runs the same three checks (scripts/test.sh, its lint stage).
 set -euo pipefail
@@ -28,4 +30,6 @@ else
   "$bin/ruff" format --check . || status=1
   "$bin/clang-format" --dry-run --Werror "${cxx[@]}" || status=1
 fi
+python3 scripts/function_length.py || status=1
+python3 scripts/check_docs.py || status=1
 exit $status

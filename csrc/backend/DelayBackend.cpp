@@ -459,4 +459,31 @@ void DelayBackend::resetStats() {
   stats_->reset();
 }
 
+GroupTelemetry DelayBackend::telemetry() {
+  harvestCudaTimings();
+  GroupTelemetry t = stats_->telemetry();
+  if (stale_) {
+    stale_->telemetry(t.staleness);
+  }
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Staleness
+
+std::pair<int64_t, int64_t> DelayBackend::stalePending() const {
+  return stale_ ? std::make_pair(stale_->pendingHere(), stale_->pendingGlobal())
+                : std::make_pair(int64_t{0}, int64_t{0});
+}
+
+double DelayBackend::staleWindowedRatio() const {
+  return stale_ ? stale_->windowedRatio() : 0.0;
+}
+
+void DelayBackend::setStaleWarningHook(std::function<void(const std::string&)> hook) {
+  if (stale_) {
+    stale_->onWarn = std::move(hook);
+  }
+}
+
 }  // namespace delaycomm

@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <c10/core/Event.h>
@@ -32,7 +33,7 @@ struct BackendOptions {
   std::string groupName;
   bool timeCuda = true;  // record CUDA events around GPU collectives (no host sync; harvested lazily)
 
-  // Delay injection (README "Delay"; delay/DelayInjector.hpp). `delay` is a spec (delay/DelaySpec.hpp); "none"
+  // Delay injection (docs/delay.md; delay/DelayInjector.hpp). `delay` is a spec (delay/DelaySpec.hpp); "none"
   // disables it.
   std::string delay = "none";
   double delayFraction = 0.0;                    // per-call Bernoulli probability, in [0, 1]
@@ -65,7 +66,7 @@ struct BackendOptions {
 //    work and share the group's stats (never the backend), so a work may outlive its group.
 //  - Unsupported ops fail with "Backend delaycomm does not support <op> ...".
 //  - Cost: with nothing configured that acts on this rank (no delay targets it, no slowdown), a CPU op is issued
-//    in place and returned in a DirectWorkCpu (the fast path: docs/percall.md has its measured cost).
+//    in place and returned in a DirectWorkCpu (the fast path: docs/benchmark.md has its measured cost).
 //  - Delay (when configured): see DelayInjector. Timeouts: every wait that delaycomm adds is bounded by the
 //    group's timeout (options.timeout) and ends in the timeout error of delay/DelayTimeout.hpp.
 //  - Lifecycle: shutdown() (destroy_process_group) wakes every caller sleeping in a host delay or slowdown (their
@@ -164,11 +165,18 @@ class DelayBackend : public c10d::Backend {
   // calls it at the same point); returns (key, delivered sum) pairs.
   c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, uint64_t key, bool average);
   std::vector<std::pair<uint64_t, at::Tensor>> flush();
-  StalenessEngine* staleness() { return stale_.get(); }
+  // (this rank's pending stale contributions, the group's); zeros under bsp.
+  std::pair<int64_t, int64_t> stalePending() const;
+  // The stale:fresh ratio over the engine's recent window; 0 under bsp.
+  double staleWindowedRatio() const;
+  // Called with each one-time warning of the staleness engine (StalenessEngine::onWarn); ignored under bsp.
+  void setStaleWarningHook(std::function<void(const std::string&)> hook);
 
   // Telemetry. harvestCudaTimings() folds completed GPU event pairs into the histograms (never blocks).
   void harvestCudaTimings() { stats_->harvestCudaTimings(); }
-  GroupStats& stats() { return *stats_; }
+  // delaycomm.stats() of this group (stats/Telemetry.hpp): the completed CUDA timings folded in, then the group's
+  // counters and the staleness engine's values.
+  GroupTelemetry telemetry();
   // The delay schedule of this group; null when no delay is configured.
   const DelaySchedule* schedule() const { return injector_->schedule(); }
   // The delay of op `seq` of kind `op` on this rank, in ns (0: not delayed).
@@ -207,12 +215,12 @@ class DelayBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> runGeneral(OpKind op, c10::Device device, int64_t bytes,
                                             const std::vector<at::Tensor>& outputs, IssueFn issue, bool asyncOp,
                                             bool applyDelay);
-  // The caller's work for a CPU op issued at once: a DirectWorkCpu, or a DelayWorkCpu when the inner work has
+  // The caller's work for a CPU op issued at once: a DirectWorkCpu, or a DeferredWorkCpu when the inner work has
   // no future (Gloo's send/recv: timed in wait()).
   c10::intrusive_ptr<c10d::Work> wrapIssuedCpu(c10::intrusive_ptr<c10d::Work> innerWork, OpKind op, uint64_t seq,
                                                Clock::time_point calledAt, const std::vector<at::Tensor>& outputs,
                                                const CallTiming& call);
-  // The stale path (stale/StalePath.cpp), for a reduction that staleRouter_ routed there. allreduce: blend in
+  // The stale path (backend/StalePath.cpp), for a reduction that staleRouter_ routed there. allreduce: blend in
   // place (StalenessEngine::prepareScaled), then one SUM all-reduce.
   c10::intrusive_ptr<c10d::Work> runStaleAllreduce(const StaleRoute& route, at::Tensor& tensor,
                                                    const c10d::AllreduceOptions& opts);

@@ -66,7 +66,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c1
   try {
     innerFuture = innerWork->getFuture();
   } catch (const std::exception&) {
-    // Gloo's send/recv works have no future: DelayWorkCpu times them in wait().
+    // Gloo's send/recv works have no future: DeferredWorkCpu times them in wait().
   }
   if (innerFuture) {
     auto work = c10::make_intrusive<DirectWorkCpu>(std::move(innerWork), std::move(innerFuture), op, seq, stats_,
@@ -74,7 +74,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::wrapIssuedCpu(c10::intrusive_ptr<c1
     work->watch();
     return work;
   }
-  auto work = c10::make_intrusive<DelayWorkCpu>(op, seq, stats_, calledAt, outputs, injector_->timeout(), 0, call);
+  auto work = c10::make_intrusive<DeferredWorkCpu>(op, seq, stats_, calledAt, outputs, injector_->timeout(), 0, call);
   work->attach(std::move(innerWork));
   return work;
 }
@@ -122,7 +122,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
     if (!issued.work) {  // an inner backend inside its own coalescing window may return no work
       return issued.work;
     }
-    work = c10::make_intrusive<DelayWorkCuda>(std::move(issued.work), op, seq, stats_, std::move(cudaStart), device,
+    work = c10::make_intrusive<TimedWorkCuda>(std::move(issued.work), op, seq, stats_, std::move(cudaStart), device,
                                               sizeClassOf(bytes));
   } else if (issued.heldBack) {
     work = std::move(issued.work);

@@ -6,9 +6,10 @@
 
 #include <c10/util/Exception.h>
 
-#include "backend/DelayWork.hpp"
+#include "delay/DeferredWork.hpp"
 #include "delay/DelaySpec.hpp"
 #include "delay/DelayTimeout.hpp"
+#include "delay/Units.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
 #include "delay/GpuDelay.hpp"
 #endif
@@ -157,8 +158,8 @@ void DelayInjector::applySlowdown(OpKind op, uint64_t seq, InjectorClock::time_p
   const int64_t extraNs = extra >= 9.0e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(extra);
   const auto woke = hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), extraNs), deadline);
   const auto what =
-      c10::str("the compute slowdown of ", options_.slowdown, "x (", msOf(extraNs), " ms: ", options_.slowdown - 1.0,
-               " x the ", msOf(gap), " ms since its previous op returned)");
+      c10::str("the compute slowdown of ", options_.slowdown, "x (", msText(extraNs), " ms: ", options_.slowdown - 1.0,
+               " x the ", msText(gap), " ms since its previous op returned)");
   throwIfClosed(woke, op, seq, what.c_str());
   if (woke == HostSleeper::Woke::kDeadline) {
     stats_->op(op).errors.fetch_add(1, std::memory_order_relaxed);
@@ -206,7 +207,7 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     if (options_.where == DelayWhere::kHost) {
       const auto woke =
           hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), delayNs), callDeadline);
-      const auto what = c10::str("an injected delay of ", msOf(delayNs), " ms (delay_where=host)");
+      const auto what = c10::str("an injected delay of ", msText(delayNs), " ms (delay_where=host)");
       throwIfClosed(woke, op.kind, op.seq, what.c_str());
       if (woke == HostSleeper::Woke::kDeadline) {
         s.errors.fetch_add(1, std::memory_order_relaxed);
@@ -253,8 +254,9 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       return {std::move(innerWork), false, calledAt, enteredAt, observe};
     }
   }
-  auto work = c10::make_intrusive<DelayWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, timeout(),
-                                                networkDelayNs, CallTiming{sizeClassOf(op.bytes), enteredAt, observe});
+  auto work =
+      c10::make_intrusive<DeferredWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, timeout(), networkDelayNs,
+                                           CallTiming{sizeClassOf(op.bytes), enteredAt, observe});
   const OpKind kind = op.kind;
   issuer_->submit(
       addSaturated<InjectorClock>(calledAt, networkDelayNs),

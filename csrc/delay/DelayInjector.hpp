@@ -19,7 +19,7 @@
 
 namespace delaycomm {
 
-// Delay injection of one group (README "Delay"; docs/core.md): the delay schedule, the compute slowdown, the host
+// Delay injection of one group (docs/delay.md; docs/core.md): the delay schedule, the compute slowdown, the host
 // delay, the CPU issuer thread and the GPU sleep kernel, behind one entry point, run(). The backend's front
 // (backend/DelayBackend.hpp) calls it for every op when engaged() and skips it otherwise.
 //
@@ -28,7 +28,7 @@ namespace delaycomm {
 //  - slowdown K: the calling thread first sleeps (K - 1) x the time since its previous op returned;
 //  - delay_where=host: the calling thread sleeps d, then issues;
 //  - network + CPU: the op goes through the issuer thread, which issues every CPU op in call order, each no earlier
-//    than call time + d; the caller gets a DelayWorkCpu at once, attached when the op is issued. An op with
+//    than call time + d; the caller gets a DeferredWorkCpu at once, attached when the op is issued. An op with
 //    nothing held back ahead of it is issued on the calling thread;
 //  - network + GPU: a stream-ordered sleep kernel before the collective (delay/GpuDelay.hpp); the host never
 //    blocks.
@@ -36,7 +36,7 @@ namespace delaycomm {
 // delay/DelayTimeout.hpp) or when the group closes (raises: the op was not issued).
 //
 // Threads: run() from any thread (c10d's callers); close() and abort() from any thread, the issuer's included.
-// delay_where: where a delay is paid (README "Delay").
+// delay_where: where a delay is paid (docs/delay.md).
 enum class DelayWhere { kNetwork, kHost };
 // delay_mode: add (a call's injected delay is the schedule's) or match (docs/delay.md, "Match mode").
 enum class DelayMode { kAdd, kMatch };
@@ -77,7 +77,7 @@ class DelayInjector {
   // onCaller: true on the calling thread (errors count there), false on the issuer thread (the work counts them).
   using Issue = std::function<c10::intrusive_ptr<c10d::Work>(bool onCaller)>;
   struct Issued {
-    c10::intrusive_ptr<c10d::Work> work;  // held back: the caller's DelayWorkCpu; else the inner work
+    c10::intrusive_ptr<c10d::Work> work;  // held back: the caller's DeferredWorkCpu; else the inner work
     bool heldBack = false;
     std::chrono::steady_clock::time_point calledAt;   // after the waits on the calling thread (latency starts)
     std::chrono::steady_clock::time_point enteredAt;  // after a slowdown, before a host delay (the caller's latency)

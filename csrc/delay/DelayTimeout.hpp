@@ -67,9 +67,4 @@ inline std::exception_ptr delayTimeoutError(std::string_view op, uint64_t seq, s
   C10_THROW_ERROR(DistBackendError, delayTimeoutMessage(op, seq, method, limit, groupTimeout, cause));
 }
 
-// Milliseconds in a nanosecond count, for messages.
-inline int64_t msOf(int64_t ns) {
-  return ns / 1000000;
-}
-
 }  // namespace delaycomm

@@ -6,22 +6,14 @@
 #include <stdexcept>
 
 #include "delay/Sampler.hpp"
+#include "delay/Units.hpp"
 
 namespace delaycomm {
 
 namespace {
 
-std::string pct(double q) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "p%.12g", q * 100.0);
-  return buf;
-}
-
-std::string dur(double s) {
-  char buf[48];
-  std::snprintf(buf, sizeof(buf), "%.15gms", s * 1e3);
-  return buf;
-}
+// The spec's values keep 15 significant digits: parsed back, they are the component's to the last digit or two.
+constexpr int kSpecDigits = 15;
 
 [[noreturn]] void cannot(const std::string& why) {
   throw std::invalid_argument("delaycomm.fit: cannot meet the targets: " + why);
@@ -32,7 +24,7 @@ std::string specText(const std::string& family, const std::vector<FitTarget>& co
   for (size_t i = 0; i < comp.size(); ++i) {
     if (i > 0)
       s += ',';
-    s += pct(comp[i].q) + "=" + dur(comp[i].seconds);
+    s += percentileKey(comp[i].q) + "=" + secondsText(comp[i].seconds, kSpecDigits);
   }
   return s;
 }
@@ -53,10 +45,11 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
   for (size_t i = 0; i < targets.size(); ++i) {
     const auto& t = targets[i];
     if (!(t.q > 0.0 && t.q < 1.0) || !(t.seconds >= 0.0) || !std::isfinite(t.seconds)) {
-      cannot(pct(t.q) + "=" + std::to_string(t.seconds) + "s is not a percentile in (0, 100) with a finite value >= 0");
+      cannot(percentileKey(t.q) + "=" + std::to_string(t.seconds) +
+             "s is not a percentile in (0, 100) with a finite value >= 0");
     }
     if (i > 0 && !(t.seconds > targets[i - 1].seconds)) {
-      cannot(pct(t.q) + " must be greater than " + pct(targets[i - 1].q));
+      cannot(percentileKey(t.q) + " must be greater than " + percentileKey(targets[i - 1].q));
     }
     const double undelayed = 1.0 - f;
     if (t.q <= undelayed) {
@@ -66,12 +59,12 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
       std::snprintf(buf, sizeof(buf),
                     "with fraction=%g, %.4g%% of the calls are not delayed, so the overall %s is the undelayed "
                     "latency (0 added), not %s; %s > 0 needs fraction > %g (or leave %s out)",
-                    f, undelayed * 100.0, pct(t.q).c_str(), dur(t.seconds).c_str(), pct(t.q).c_str(), 1.0 - t.q,
-                    pct(t.q).c_str());
+                    f, undelayed * 100.0, percentileKey(t.q).c_str(), secondsText(t.seconds).c_str(),
+                    percentileKey(t.q).c_str(), 1.0 - t.q, percentileKey(t.q).c_str());
       cannot(buf);
     }
     if (t.seconds == 0.0) {
-      cannot("an overall " + pct(t.q) + " of 0 needs fraction <= " + std::to_string(1.0 - t.q));
+      cannot("an overall " + percentileKey(t.q) + " of 0 needs fraction <= " + std::to_string(1.0 - t.q));
     }
     comp.push_back({1.0 - (1.0 - t.q) / f, t.seconds});
   }
@@ -81,7 +74,7 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
   std::vector<std::string> families;
   if (comp.size() == 1) {
     if (family != "auto" && family != "exp") {
-      cannot(family + " needs two percentiles above the undelayed share; only " + pct(targets.back().q) +
+      cannot(family + " needs two percentiles above the undelayed share; only " + percentileKey(targets.back().q) +
              " is (use family='exp', or give another percentile)");
     }
     families = {"exp"};

@@ -53,7 +53,7 @@ class HostSleeper {
 // User code never runs while ops are being released: every task, expire and cancel callback runs with
 // releasingHere() true on its thread (the issuer thread throughout; any other thread while it issues or cancels
 // queued ops: a submit() at shutdown, cancelAll()), and whatever would run user code from there (completing a
-// work's future runs its callbacks inline) hands it to another thread instead (backend/DelayWork.hpp,
+// work's future runs its callbacks inline) hands it to another thread instead (delay/DeferredWork.hpp,
 // docs/core.md "Threads"). A user callback that issues a collective and waits for it would otherwise wait for the
 // very thread it blocks.
 // Lifecycle: stop() (or the destructor) issues every queued op at once, in order, then joins the thread; cancelAll()

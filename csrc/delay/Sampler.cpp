@@ -1,6 +1,7 @@
 #include "delay/Sampler.hpp"
 
 #include "delay/Profile.hpp"
+#include "delay/Units.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -28,24 +29,6 @@ uint64_t splitmix64(uint64_t x) {
 double toUnit(uint32_t hi, uint32_t lo) {
   const uint64_t k = ((static_cast<uint64_t>(hi) << 32) | lo) >> 11;
   return (static_cast<double>(k) + 0.5) * 0x1.0p-53;
-}
-
-std::string fmtSeconds(double s) {
-  char buf[64];
-  if (s >= 1.0) {
-    std::snprintf(buf, sizeof(buf), "%.6gs", s);
-  } else if (s >= 1e-3) {
-    std::snprintf(buf, sizeof(buf), "%.6gms", s * 1e3);
-  } else {
-    std::snprintf(buf, sizeof(buf), "%.6gus", s * 1e6);
-  }
-  return buf;
-}
-
-std::string fmtKey(double q) {
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "p%.10g", q * 100.0);
-  return buf;
 }
 
 // Solves for the shift c in x_i = c + exp(a + b * t_i) through three points (t_i, x_i) (increasing), searching
@@ -172,16 +155,17 @@ void DelaySampler::solve() {
   // The two-percentile fit, as a reference point in error messages.
   const double b2 = (std::log(x[1]) - std::log(x[0])) / (t[1] - t[0]);
   const double ref = std::exp(std::log(x[0]) + b2 * (t[2] - t[0]));
-  const std::string where = fmtKey(p[0].q) + "=" + fmtSeconds(x[0]) + "," + fmtKey(p[1].q) + "=" + fmtSeconds(x[1]);
+  const std::string where =
+      percentileKey(p[0].q) + "=" + secondsText(x[0]) + "," + percentileKey(p[1].q) + "=" + secondsText(x[1]);
   bool ok = false;
   if (logn) {
     ok = solveShift(t, x, 0.0, &c_);
     if (!ok) {
-      throw invalidDelaySpec(spec_.text, "no lognormal with a shift >= 0 has " + fmtKey(p[2].q) + "=" +
-                                             fmtSeconds(x[2]) + " through " + where +
+      throw invalidDelaySpec(spec_.text, "no lognormal with a shift >= 0 has " + percentileKey(p[2].q) + "=" +
+                                             secondsText(x[2]) + " through " + where +
                                              ": a shift only makes the tail heavier, "
                                              "so " +
-                                             fmtKey(p[2].q) + " must be at least " + fmtSeconds(ref) +
+                                             percentileKey(p[2].q) + " must be at least " + secondsText(ref) +
                                              " (the plain lognormal's); give a larger value, drop it, or use pareto");
     }
   } else {
@@ -194,10 +178,10 @@ void DelaySampler::solve() {
     a_ = std::log(x[0] - c_) - b_ * t[0];
   }
   if (!logn && (!ok || c_ + std::exp(a_) < 0.0)) {
-    throw invalidDelaySpec(spec_.text, "no generalised Pareto with a location >= 0 has " + fmtKey(p[2].q) + "=" +
-                                           fmtSeconds(x[2]) + " through " + where +
-                                           " (the Pareto I through those two has " + fmtKey(p[2].q) + "=" +
-                                           fmtSeconds(ref) +
+    throw invalidDelaySpec(spec_.text, "no generalised Pareto with a location >= 0 has " + percentileKey(p[2].q) + "=" +
+                                           secondsText(x[2]) + " through " + where +
+                                           " (the Pareto I through those two has " + percentileKey(p[2].q) + "=" +
+                                           secondsText(ref) +
                                            "; a lighter tail than an exponential's is out of reach); "
                                            "give a larger value, drop it, or use lognormal");
   }
@@ -341,6 +325,47 @@ std::vector<std::pair<std::string, double>> DelaySampler::parameters() const {
     }
   }
   return {};
+}
+
+namespace {
+
+// The percentiles a description reports, with their key names.
+constexpr std::pair<double, const char*> kDescribedQuantiles[] = {
+    {0.5, "p50_s"}, {0.9, "p90_s"}, {0.99, "p99_s"}, {0.999, "p999_s"}, {0.9999, "p9999_s"}};
+
+std::string digestText(uint64_t digest) {
+  char text[24];
+  std::snprintf(text, sizeof(text), "%016llx", static_cast<unsigned long long>(digest));
+  return text;
+}
+
+}  // namespace
+
+SamplerDescription describeSampler(const DelaySampler& s) {
+  const auto& spec = s.spec();
+  SamplerDescription d;
+  d.spec = spec.text;
+  d.family = familyName(spec.family);
+  d.parameters = s.parameters();
+  d.requested = spec.percentiles;
+  if (spec.family == DelaySpec::Family::kProfile) {
+    d.source = "profile";
+    d.sourcePath = spec.profilePath;
+    d.sourceDigest = digestText(spec.profile->digest());
+  } else if (spec.family == DelaySpec::Family::kTrace) {
+    d.source = "trace";
+    d.sourcePath = spec.tracePath;
+    d.sourceDigest = digestText(spec.traceDigest);
+  }
+  if (!spec.isNone()) {
+    for (const auto& [q, name] : kDescribedQuantiles) {
+      d.percentiles.emplace_back(name, s.quantile(q));
+    }
+  }
+  d.mean = s.mean();
+  d.seed = s.seed();
+  d.rank = s.rank();
+  return d;
 }
 
 }  // namespace delaycomm

@@ -76,4 +76,22 @@ class DelaySampler {
   double a_ = 0.0, b_ = 0.0, c_ = 0.0;  // lognormal / pareto
 };
 
+// A sampler as DelaySampler.describe() and parse_delay_spec() report it (docs/delay.md).
+struct SamplerDescription {
+  std::string spec;
+  std::string family;
+  std::vector<std::pair<std::string, double>> parameters;  // the solved parameters (DelaySampler::parameters())
+  std::vector<DelaySpec::Percentile> requested;            // the spec's percentiles, as given
+  // profile:FILE and trace:FILE: "profile" or "trace", the file, and its content's digest (16 hex digits, for the
+  // ranks' agreement on the configuration); "" otherwise.
+  std::string source;
+  std::string sourcePath;
+  std::string sourceDigest;
+  std::vector<std::pair<std::string, double>> percentiles;  // ("p50_s", seconds), ...; empty for none
+  double mean = 0.0;                                        // seconds
+  uint64_t seed = 0;
+  uint64_t rank = 0;
+};
+SamplerDescription describeSampler(const DelaySampler& s);
+
 }  // namespace delaycomm

@@ -10,22 +10,12 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include "delay/Units.hpp"
 #include "kernels/Blend.hpp"
 #include "stale/FsdpScope.hpp"
 #include "stale/Weights.hpp"
 
 namespace delaycomm {
-
-namespace {
-
-std::string msText(int64_t ns) {
-  std::ostringstream s;
-  s.precision(ns >= 1000000000 ? 6 : 3);
-  s << static_cast<double>(ns) * 1e-6;
-  return s.str();
-}
-
-}  // namespace
 
 StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, const DelaySchedule* schedule,
                                  c10::intrusive_ptr<c10d::Store> store, std::shared_ptr<GroupStats> stats)
@@ -285,7 +275,7 @@ void StalenessEngine::emit(Warnings& warnings) const {
 void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan,
                                        int64_t stepNs) const {
   const auto i = static_cast<size_t>(late);
-  // The wording follows the timeout of an op held back on the network path (backend/DelayWork.cpp).
+  // The wording follows the timeout of an op held back on the network path (delay/DeferredWork.cpp).
   C10_THROW_ERROR(
       DistBackendError,
       c10::str("delaycomm: ", keys_.opText(key), " (step ", step, " of ", keys_.describe(key), ", group '",
@@ -418,6 +408,18 @@ StepSource StalenessEngine::stepSource() const {
 int64_t StalenessEngine::keyCount() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return static_cast<int64_t>(keys_.size());
+}
+
+void StalenessEngine::telemetry(StalenessTelemetry& out) const {
+  out.staleFreshRatioWindowed = windowedRatio();
+  out.pendingHere = pendingHere();
+  out.keys = keyCount();
+  const StepSource src = stepSource();
+  out.stepMs = static_cast<double>(src.stepNs) * 1e-6;
+  out.stepSource = stepSourceName(src.kind);
+  out.stepKey = src.key;
+  out.stepIntervals = src.intervals;
+  out.stepCall = src.atCall;
 }
 
 std::string StalenessEngine::describeKey(uint64_t key) const {

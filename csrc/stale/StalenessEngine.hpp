@@ -121,6 +121,9 @@ class StalenessEngine {
   double windowedRatio() const;
   StepSource stepSource() const;
   int64_t keyCount() const;
+  // The engine's part of the group's staleness telemetry (stats/Telemetry.hpp): the windowed ratio, the pending
+  // contributions, the keys, the step time and where it came from.
+  void telemetry(StalenessTelemetry& out) const;
   // A key as users read it: "key 3" (explicit) or "'<stream>' (all_reduce 1024 x Float on cpu)".
   std::string describeKey(uint64_t key) const;
 

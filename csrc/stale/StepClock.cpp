@@ -10,6 +10,18 @@
 
 namespace delaycomm {
 
+const char* stepSourceName(StepSource::Kind kind) {
+  switch (kind) {
+    case StepSource::Kind::kConfigured:
+      return "step_ms";
+    case StepSource::Kind::kCalibrated:
+      return "calibrated";
+    case StepSource::Kind::kCalibrating:
+      break;
+  }
+  return "calibrating";
+}
+
 namespace {
 
 // The advice every calibration error ends with.

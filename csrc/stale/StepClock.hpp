@@ -20,6 +20,9 @@ struct StepSource {
   uint64_t atCall = 0;    // the engine call (1-based) at which the ranks agreed (kCalibrated)
 };
 
+// The name telemetry gives a step source ("step_ms", "calibrated", "calibrating"; docs/staleness.md).
+const char* stepSourceName(StepSource::Kind kind);
+
 // The step time that turns a delay into steps of staleness (docs/staleness.md, "Calibration").
 //
 // step_ms when configured; otherwise calibrated once, on the first key that has been called calibrationSteps + 1

@@ -7,12 +7,14 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include <c10/core/Event.h>
 
 #include "ops/OpTable.hpp"
 #include "stats/Histogram.hpp"
+#include "stats/Telemetry.hpp"
 
 namespace delaycomm {
 
@@ -131,8 +133,25 @@ class GroupStats {
       ownLatency_->record(kind, call.sizeClass, ns - call.ownMinusNs);
     }
   }
+  // An op issued at `issuedAt` completed now, as its work saw it: its latency, and its caller's (`call`, when
+  // given) when it succeeded, else an error.
+  void recordCompletion(OpKind kind, std::chrono::steady_clock::time_point issuedAt,
+                        const std::optional<CallTiming>& call, bool ok) {
+    auto& s = op(kind);
+    s.latencyNs.record(static_cast<double>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - issuedAt).count()));
+    if (ok && call) {
+      recordCall(kind, *call);
+    }
+    if (!ok) {
+      s.errors.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
   // delay_mode=match: set once, before the group's first op (DelayInjector's constructor).
   void setOwnLatencySink(std::shared_ptr<OwnLatencySink> sink) { ownLatency_ = std::move(sink); }
+  // The counters and histograms as delaycomm.stats() reports them (stats/Telemetry.hpp); the staleness engine's
+  // own values are left for the engine to fill. Fold the CUDA timings in first.
+  GroupTelemetry telemetry() const;
   // Folds the completed GPU timings into the histograms (never blocks).
   void harvestCudaTimings() { cudaTimings_.harvest(ops_); }
   void reset();

@@ -1,4 +1,4 @@
-"""Type stub of delaycomm._C, the native core (csrc/bindings.cpp). Private: the public API is delaycomm/__init__.py."""
+"""Type stub of delaycomm._C, the native core (csrc/bindings/). Private: the public API is delaycomm/__init__.py."""
 
 from collections.abc import Callable, Sequence
 from datetime import timedelta

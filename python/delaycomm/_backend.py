@@ -11,9 +11,10 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ddp, _nccl, _ops, _registry, _statsfile
+from delaycomm import _C, _ddp, _nccl, _ops, _registry
 from delaycomm._agree import agree
 from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve
+from delaycomm._stats import file as statsfile
 
 logger = logging.getLogger("delaycomm")
 
@@ -58,7 +59,7 @@ def create_backend(dist_opts, pg_options):
     try:
         cfg = resolve(pg_options)
         _check_group_config(cfg, world, has_nccl)
-        stats = _statsfile.target(cfg, dist_opts, members, world)
+        stats = statsfile.target(cfg, dist_opts, members, world)
     except ValueError as e:
         error = e
     agree(store, rank, size, timeout, group_name, members, cfg, error)
@@ -77,7 +78,7 @@ def create_backend(dist_opts, pg_options):
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
     _registry.add(group_name, backend, cfg)
-    _statsfile.arm(group_name, stats, backend)
+    statsfile.arm(group_name, stats, backend)
     logger.info(
         "delaycomm: group %r rank %d/%d: %s",
         group_name,

@@ -384,7 +384,7 @@ def _parse_stats(v: Any) -> str | None:
             f"{os.path.normpath(s)!r} whatever the value), so the files would collide",
         )
     # A directory, or the directory of a file, that has no placeholder must exist now; the rest (placeholders
-    # filled, writable) is checked when a group is created (_statsfile.target).
+    # filled, writable) is checked when a group is created (_stats.file.target).
     if os.path.isdir(s) or s.endswith(os.sep):
         if "{" not in s and not os.path.isdir(s):
             raise _Invalid(_STATS_ACCEPTED, f"the directory {s!r} does not exist")

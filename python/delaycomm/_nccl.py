@@ -1,5 +1,5 @@
 """NCCL's environment for delaycomm's NCCL groups: NCCL_ALGO and NCCL_BUFFSIZE set before a communicator exists,
-the user's own values respected, and what is in effect reported (README "NCCL settings", docs/config.md).
+the user's own values respected, and what is in effect reported (docs/gpu.md, "NCCL settings"; docs/config.md).
 
 NCCL reads NCCL_ALGO when a communicator is created and caches NCCL_BUFFSIZE at its first read in the process, so
 the variables are set just before the inner ProcessGroupNCCL is made, and a value changed after NCCL may have

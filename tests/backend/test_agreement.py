@@ -1,5 +1,5 @@
 """Every rank agrees, or every rank fails: options that must match are compared when a group is created (real
-processes, real Gloo, a timeout on each run). Issue 10, defect 5."""
+processes, real Gloo, a timeout on each run; docs/config.md)."""
 
 from __future__ import annotations
 

@@ -7,8 +7,6 @@ import json
 import math
 import os
 import re
-import subprocess
-import sys
 
 import pytest
 from hypothesis import given, settings
@@ -16,6 +14,7 @@ from hypothesis import strategies as st
 
 import delaycomm
 from delaycomm._config import OPTIONS, DelayConfig, configure, format_value, resolve
+from tests.harness import run_cli
 
 ENV0: dict[str, str] = {}
 
@@ -163,7 +162,7 @@ BAD = [
     ),
 ]
 
-# Defect 7 of issue 10: values that overflow the native type they become, or pass a bound that keeps the
+# Values that overflow the native type they become, or pass a bound that keeps the
 # arithmetic on them exact; each was accepted (or raised TypeError at group creation) before.
 OVERFLOW = [
     ("staleness", "ssp:99999999999999999999999", _STALENESS),
@@ -238,7 +237,7 @@ def test_an_empty_variable_is_rejected_for_every_option(opt):
 
 
 def test_message_names_where_the_value_came_from_once():
-    # Defect 12: no "(environment variable ...)" for a keyword, no variable named twice, no "expected delaycomm:".
+    # No "(environment variable ...)" for a keyword, no variable named twice, no "expected delaycomm:".
     msgs = []
     for make in (
         lambda: resolve(env={"DELAYCOMM_DELAY": "exp:p99=400"}),
@@ -289,7 +288,7 @@ def test_random_strings_give_config_or_value_error(name, text):
     assert error is None or f"option '{name}'" in error
 
 
-# Property over huge / tiny / NaN / infinite / overflowing numbers for every numeric option (defect 7): the value
+# Property over huge / tiny / NaN / infinite / overflowing numbers for every numeric option: the value
 # is refused with the one message, or it is inside the documented range and fits the native options it becomes.
 _NUMBER_TEXT = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True).map(repr),
@@ -408,30 +407,22 @@ def test_keyword_numbers_are_refused_or_fit(name, make, number):
 
 def test_cli_shows_effective_config_and_sources():
     env = {**os.environ, "DELAYCOMM_EMA_ALPHA": "0.25"}
-    out = subprocess.run(
-        [sys.executable, "-m", "delaycomm", "config", "--json"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=True,
-    ).stdout
-    data = json.loads(out)
+    proc = run_cli(["config", "--json"], timeout=60, env=env, module="delaycomm")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    data = json.loads(proc.stdout)
     assert data["config"]["ema_alpha"] == 0.25
     assert data["sources"]["ema_alpha"] == "environment (DELAYCOMM_EMA_ALPHA)"
     assert data["nccl"]["NCCL_ALGO"]["value"] == "allreduce:tree"
     assert data["must_match"] == {o.name: o.name != "stats" for o in OPTIONS}
-    table = subprocess.run(
-        [sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True, timeout=60, check=True
-    ).stdout
+    proc = run_cli(["config"], timeout=60, env=env, module="delaycomm")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    table = proc.stdout
     assert "ema_alpha" in table and "0.25" in table and "DELAYCOMM_EMA_ALPHA" in table
 
 
 def test_cli_rejects_bad_environment():
     env = {**os.environ, "DELAYCOMM_STALENESS": "sometimes"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "delaycomm", "config"], env=env, capture_output=True, text=True, timeout=60
-    )
+    proc = run_cli(["config"], timeout=60, env=env, module="delaycomm")
     assert proc.returncode == 2
     assert "option 'staleness'" in proc.stderr and "DELAYCOMM_STALENESS" in proc.stderr
 

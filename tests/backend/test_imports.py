@@ -106,7 +106,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_reader_sees_imports_and_cycles():
     # the reader on this package's own modules: what it must find, so that an empty graph cannot pass
     backend = _imports("delaycomm._backend", MODULES["delaycomm._backend"], module_level_only=True)
-    assert {"delaycomm._config", "delaycomm._registry", "delaycomm._statsfile", "delaycomm._nccl"} <= backend
+    assert {"delaycomm._config", "delaycomm._registry", "delaycomm._stats.file", "delaycomm._nccl"} <= backend
     assert "delaycomm" not in backend  # `from delaycomm import _C`: the parent package, not an edge
     assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == ["a", "b", "c", "a"]
     assert _cycle({"a": {"b"}, "b": {"c"}, "d": {"a", "c"}}) is None

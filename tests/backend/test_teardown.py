@@ -2,7 +2,7 @@
 
 The last reference to a DelayBackend is dropped from Python; its inner ProcessGroupGloo joins its worker threads,
 and a worker finishing a work whose tensors Python created needs the GIL to release them. The backend's Python
-holder drops the reference with the GIL released (csrc/bindings.cpp, GilReleasingHolder).
+holder drops the reference with the GIL released (csrc/bindings/Backend.cpp, GilReleasingHolder).
 """
 
 from __future__ import annotations
@@ -102,6 +102,6 @@ def test_destroy_joins_gloos_worker_threads_while_the_module_still_holds_the_gro
     # exit) keeps the group alive, and a worker still freeing Python-owned tensors at interpreter exit aborts the
     # process. destroy_process_group releases delaycomm's inner Gloo group, its only owner, so its workers (2 by
     # default) are joined there. (Before, as with plain Gloo, the count did not drop: with backend="gloo" the same
-    # function keeps 6 of 6 threads and the process then aborts at exit; README, Known issues.)
+    # function keeps 6 of 6 threads and the process then aborts at exit; docs/known-issues.md.)
     for before, after in spawn(threads_around_destroy, 2, timeout=100):
         assert before - after >= 2, (before, after)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+
+from tests.harness import run_cli, run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 WORKFLOW = os.path.join(REPO, ".github", "workflows", "gpu.yml")
@@ -53,13 +53,31 @@ def test_the_workflow_parses_and_has_the_expected_structure():
 
 
 def test_the_check_script_is_valid_bash_and_refuses_unknown_flags():
-    assert subprocess.run(["bash", "-n", CHECK]).returncode == 0
-    assert subprocess.run(["bash", "-n", os.path.join(REPO, ".ci", "bench-gate.sh")]).returncode == 0
-    bad = subprocess.run([CHECK, "--gpu"], capture_output=True, text=True, timeout=30)
+    for script in (CHECK, os.path.join(REPO, ".ci", "bench-gate.sh")):
+        syntax = run_command(["bash", "-n", script], timeout=30)
+        assert syntax.returncode == 0, syntax.stderr
+    bad = run_command([CHECK, "--gpu"], timeout=30)
     assert bad.returncode == 2
     assert "unknown argument '--gpu'; expected --gate, --update-baseline, --dry-run, --build or --help" in bad.stderr
-    usage = subprocess.run([CHECK, "--help"], capture_output=True, text=True, timeout=30)
+    usage = run_command([CHECK, "--help"], timeout=30)
     assert usage.returncode == 0 and "bench/gpu_check.sh --gate" in usage.stdout
+
+
+def test_the_gpu_check_runs_every_test_marked_gpu():
+    # Both scripts find the GPU tests with the pattern tests/conftest.py holds every `gpu` test's file to, and run
+    # them with -m gpu; the files they find hold GPU tests (the sleep kernel's among them).
+    from tests.conftest import GPU_MARK_PATTERN
+
+    grep = f"grep -rlE --include='test_*.py' '{GPU_MARK_PATTERN}' tests | sort"
+    for script in (CHECK, os.path.join(REPO, "scripts", "cuda-check.sh")):
+        text = open(script).read()
+        assert f"mapfile -t gpu_test_files < <({grep})" in text, script
+        assert text.count('-m gpu "${gpu_test_files[@]}"') >= 1, script
+    found = run_command(["bash", "-c", grep], timeout=30, cwd=REPO)
+    assert found.returncode == 0, found.stderr
+    files = found.stdout.split()
+    assert "tests/delay/test_gpu.py" in files and "tests/gpu/test_nccl.py" in files, files
+    assert "tests/gpu/test_nccl_log.py" not in files  # the parser's tests need no GPU: the CPU suite runs them
 
 
 def _junit(path, cases):
@@ -90,11 +108,8 @@ def test_the_report_folds_every_step_into_one_json_and_a_summary(tmp_path):
         "nccl": {"version": "2.28.9", "set_by_environment": {"NCCL_BUFFSIZE": ["2097152"]}, "lines": []},
     }
     (tmp_path / "evidence" / "nccl_default_settings.json").write_text(json.dumps(nccl))
-    proc = subprocess.run(
-        [sys.executable, os.path.join(REPO, "bench", "gpu_check_report.py"), "report", str(tmp_path), "full", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_cli(
+        [os.path.join(REPO, "bench", "gpu_check_report.py"), "report", str(tmp_path), "full", "0"], timeout=60
     )
     assert proc.returncode == 0, proc.stderr
     rec = json.loads((tmp_path / "gpu_check.json").read_text())

@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+from tests.harness import run_cli
+
 BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
 sys.path.insert(0, BENCH)
 
@@ -124,8 +126,7 @@ def test_the_injected_work_is_calibrated_to_the_cpu_time_asked_for():
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=timeout, env=env)
+    return run_cli([SCRIPT, *args], timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
 
 
 @pytest.mark.parametrize(
@@ -157,6 +158,10 @@ def test_a_file_that_is_not_a_record_is_refused(tmp_path, capsys):
     assert "not a per-call record ('format' must be 'delaycomm-percall/1', with runs)" in capsys.readouterr().err
 
 
+# NOTE: slow (four fresh interpreters, each measuring in a process of its own); scripts/test.sh --slow runs it. CI's
+# last stage runs the real benchmark and its gate on every run (.ci/bench-gate.sh), and the gate rule's verdicts
+# are the tests above (docs/ci.md).
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_a_real_run_then_the_gate_fails_on_an_injected_slowdown(tmp_path):
     """Real Gloo and delaycomm groups in a fresh process. The injected 300 us dwarfs any load on the CI machine."""

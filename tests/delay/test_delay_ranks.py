@@ -104,7 +104,6 @@ def test_errors_of_the_inner_op_reach_wait_and_the_future():
         assert r["errors"] == 1
 
 
-@pytest.mark.slow
 @pytest.mark.timeout(60)
 def test_memory_stays_flat_over_ten_thousand_delayed_ops():
     for r in spawn(w.memory_over_many_ops, 2):

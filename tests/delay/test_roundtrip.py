@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import json
 import pathlib
-import subprocess
-import sys
 
 import pytest
 
-pytestmark = [pytest.mark.multiproc]
+from tests.harness import run_cli
+
+# NOTE: slow (about a minute of CI: two torchrun jobs and the profile CLI, each a fresh interpreter per process);
+# scripts/test.sh --slow runs it. The default run covers record, profile and replay with the real profile CLI in
+# tests/delay/test_profile_replay.py, and match mode in tests/delay/test_match.py (docs/ci.md).
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -21,9 +24,9 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def test_a_recorded_job_is_replayed_in_match_mode(tmp_path):
     out = tmp_path / "rt"
     calls, warmup = 200, 10
-    cmd = [sys.executable, str(ROOT / "bench" / "roundtrip.py"), "--calls", str(calls), "--warmup", str(warmup)]
-    cmd += ["--out", str(out), "--jobs", "A,B", "--quantiles", "0.5,0.9"]
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=230)
+    argv = [str(ROOT / "bench" / "roundtrip.py"), "--calls", str(calls), "--warmup", str(warmup)]
+    argv += ["--out", str(out), "--jobs", "A,B", "--quantiles", "0.5,0.9"]
+    p = run_cli(argv, timeout=230)
     log = (out / "jobs.log").read_text() if (out / "jobs.log").exists() else ""
     assert p.returncode in (0, 1), p.stdout + p.stderr + log
     result = json.loads((out / "result.json").read_text())

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import math
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import delaycomm
 from delaycomm import _C
+from tests.harness import run_cli
 
 KS_N = 10_000
 PCT_N = 1_000_000
@@ -207,7 +206,8 @@ def test_same_seed_same_schedule_in_another_process():
         "import hashlib, delaycomm; x = delaycomm.DelaySampler('exp:p99=400ms', seed=42, rank=1)"
         ".sample_many(10000); print(hashlib.sha256(x.tobytes()).hexdigest())"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    out = run_cli(["-c", code], timeout=60)
+    assert out.returncode == 0, out.stderr[-2000:]
     assert out.stdout.strip() == _digest(42, 1)
 
 

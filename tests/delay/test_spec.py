@@ -298,8 +298,7 @@ except ValueError as e:
 def test_only_regular_files_are_read(tmp_path, monkeypatch, kind):
     # A FIFO used to block init forever and /dev/zero to read until memory ran out: each runs in a child with a
     # timeout and a memory limit, so a regression fails this test instead of hanging or exhausting the machine.
-    import subprocess
-    import sys
+    from tests.harness import run_cli
 
     monkeypatch.chdir(tmp_path)  # short, relative paths (see above); the child runs here too
     if kind == "fifo":
@@ -310,9 +309,7 @@ def test_only_regular_files_are_read(tmp_path, monkeypatch, kind):
         os.mkdir(path)
     else:
         path, what = kind, "a character device"
-    proc = subprocess.run(
-        [sys.executable, "-c", _PARSE_IN_CHILD, f"trace:{path}"], capture_output=True, text=True, timeout=60
-    )
+    proc = run_cli(["-c", _PARSE_IN_CHILD, f"trace:{path}"], timeout=60)
     assert proc.stdout.strip() == (
         f"delaycomm: invalid delay spec 'trace:{path}': trace file '{path}' is {what} (expected a regular file)"
     ), proc.stderr[-2000:]

@@ -13,11 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from typing import Any
 
 import pytest
 import torch
+
+from tests.harness import run_cli
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _forced = os.environ.get("GPU_CHECK_DEVICE")
@@ -57,10 +58,9 @@ def child_env(**extra: str | None) -> dict[str, str]:
 
 def run_python(args: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
     """Run this Python with ``args`` in the repository root; fail the test with its output unless it exits 0."""
-    cmd = [sys.executable, *args]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    proc = run_cli(args, timeout=timeout, env=env, cwd=REPO)
     assert proc.returncode == 0, (
-        f"{' '.join(cmd)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        f"{' '.join(proc.args)} exited with {proc.returncode}:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     )
     return proc
 

@@ -3,11 +3,12 @@
 Threads are the default: one process, one in-memory store, the real Gloo and the real DelayBackend, well under a
 second per test. Real processes (forked from a server that imported torch and delaycomm once) are for what needs
 a process of its own: DDP and FSDP, the default group (``init_process_group``), faults that kill a rank,
-``TORCH_DISTRIBUTED_DEBUG``. Commands (torchrun, the tools' CLIs) run with :func:`run_cli`. Every entry point
-has a timeout and reports every rank's outcome.
+``TORCH_DISTRIBUTED_DEBUG``. Commands run with :func:`run_cli` (``python [-m module] argv``: torchrun, the
+tools' CLIs) or :func:`run_command` (any command: a shell script, a tool on ``PATH``). Every entry point has a timeout
+and reports every rank's outcome; tests launch processes through these only.
 """
 
-from tests.harness.procs import free_port, run_cli, run_procs
+from tests.harness.procs import CommandTimeout, free_port, run_cli, run_command, run_procs
 from tests.harness.threads import RankContext, run_threads
 
-__all__ = ["RankContext", "run_threads", "run_procs", "run_cli", "free_port"]
+__all__ = ["RankContext", "run_threads", "run_procs", "run_cli", "run_command", "CommandTimeout", "free_port"]

@@ -9,27 +9,30 @@ test process's environment at the call (plus ``env``), not the fork server's.
 
 The run fails with every rank's traceback when a rank raises, when a rank exits with a code other than 0 (or than
 the one ``expect_exit`` names for it), or when a rank has not finished at the deadline (then every rank is
-killed). :func:`run_cli` runs a command in a fresh interpreter with a timeout and returns its result.
+killed). :func:`run_command` runs a command (a script, a tool) with a timeout and returns its result;
+:func:`run_cli` runs one in a fresh interpreter (``python [-m module] argv``).
 """
 
 from __future__ import annotations
 
-import multiprocessing
 import os
-import queue as queue_module
 import subprocess
 import sys
-import time
 import traceback
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
 
-__all__ = ["run_procs", "run_cli", "free_port", "start_fork_server", "PRELOAD"]
+from delaycomm._tools.launch import Outcome, RankError, describe_exit, run_ranks
+
+__all__ = ["run_procs", "run_cli", "run_command", "CommandTimeout", "free_port", "start_fork_server", "PRELOAD"]
 
 # What the fork server imports once. NOTE: DDP and FSDP import torch._dynamo and friends the first time they are
 # used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
+# pytest too: a rank imports its function's test module, and that module imports pytest (a second or two per rank
+# on a loaded 2-core machine).
 PRELOAD = [
+    "pytest",
     "torch",
     "torch.distributed",
     "delaycomm",
@@ -40,49 +43,36 @@ PRELOAD = [
     "torch.distributed.tensor",
 ]
 
-_context = None
 # After a rank fails, how long the others get to report before they are stopped.
 _GRACE_S = 5.0
 
 
-def _ctx():
-    global _context
-    if _context is None:
-        _context = multiprocessing.get_context("forkserver")
-        _context.set_forkserver_preload(PRELOAD)
-    return _context
-
-
 def start_fork_server() -> None:
     """Start the fork server now (it preloads in the background); the first run_procs would otherwise."""
-    _ctx()
     import multiprocessing.forkserver
 
+    multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     multiprocessing.forkserver.ensure_running()
 
 
-def _entry(fn, rank: int, world_size: int, env: dict[str, str], results, args: tuple) -> None:
-    os.environ.clear()
-    os.environ.update(env)
-    if "TORCH_DISTRIBUTED_DEBUG" in env:
+def _rank(rank: int, world_size: int, post, fn: Callable[..., Any], args: tuple) -> Any:
+    """A rank of :func:`run_procs` (a target of :func:`~delaycomm._tools.launch.run_ranks`)."""
+    if "TORCH_DISTRIBUTED_DEBUG" in os.environ:
         import torch.distributed as dist
 
         dist.set_debug_level_from_env()  # torch read the variable when the fork server imported it
     try:
-        value = fn(rank, world_size, *args)
-        results.put(("ok", rank, value))
-    except BaseException:  # noqa: BLE001 - everything goes to the parent
-        results.put(("err", rank, traceback.format_exc()))
-    finally:
-        try:
-            import torch.distributed as dist
+        return fn(rank, world_size, *args)
+    except BaseException:  # noqa: BLE001 - tagged, so that the report says the rank raised (not that it died)
+        raise RankError(("raised", traceback.format_exc())) from None
 
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        except Exception:  # noqa: BLE001 - the rank's own outcome is what is reported
-            pass
-        results.close()
-        results.join_thread()
+
+def _destroy_group() -> None:
+    """Each rank's teardown, after its report: the default group, if the rank left one."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def run_procs(
@@ -94,6 +84,9 @@ def run_procs(
     expect_exit: dict[int, int] | None = None,
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` processes; return the results by rank.
+
+    The ranks are started, waited for and stopped by the tools' launcher
+    (:func:`delaycomm._tools.launch.run_ranks`), forked from the harness's fork server.
 
     Args:
         fn: a module-level function (it is pickled by reference); its return value must be picklable.
@@ -109,101 +102,74 @@ def run_procs(
     """
     import torch.distributed as dist
 
-    ctx = _ctx()
     expect_exit = dict(expect_exit or {})
     store = dist.TCPStore("127.0.0.1", 0, world_size, True, timedelta(seconds=timeout), wait_for_workers=False)
-    rank_env = dict(os.environ)
-    rank_env.update(
-        {
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(store.port),
-            "WORLD_SIZE": str(world_size),
-            "TORCHELASTIC_USE_AGENT_STORE": "True",
-            "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        }
-    )
-    rank_env.update(env or {})
-    results = ctx.Queue()
-    procs = []
-    for r in range(world_size):
-        e = dict(rank_env, RANK=str(r), LOCAL_RANK=str(r))
-        procs.append(
-            ctx.Process(target=_entry, args=(fn, r, world_size, e, results, args), name=f"rank{r}", daemon=True)
-        )
-    reports: dict[int, tuple[str, Any]] = {}
-    deadline = time.monotonic() + timeout
+    rank_env = {
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(store.port),
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        **(env or {}),
+    }
     try:
-        for p in procs:
-            p.start()
-        waiting = set(range(world_size)) - set(expect_exit)
-        dead_since: dict[int, float] = {}
-        failed_at = None
-        while waiting:
-            now = time.monotonic()
-            # After a failure the others may be blocked on the failed rank: they get a grace, then are stopped.
-            limit = deadline if failed_at is None else min(deadline, failed_at + _GRACE_S)
-            if now >= limit:
-                break
-            try:
-                status, rank, value = results.get(timeout=min(0.2, limit - now))
-            except queue_module.Empty:
-                for r in [r for r in waiting if procs[r].exitcode is not None]:
-                    # A report is flushed before its process exits; allow the pipe a moment all the same.
-                    if now - dead_since.setdefault(r, now) > 1.0:
-                        waiting.discard(r)
-                        failed_at = failed_at or now
-                continue
-            reports.setdefault(rank, (status, value))
-            waiting.discard(rank)
-            if status == "err":
-                failed_at = failed_at or now
-        # Ranks that reported get time to exit cleanly; after a failure the grace has been spent already.
-        for p in procs:
-            p.join(timeout=0.5 if failed_at or waiting else max(0.1, min(10.0, deadline - time.monotonic())))
+        out = run_ranks(
+            _rank,
+            world_size,
+            (fn, args),
+            start_method="forkserver",
+            preload=PRELOAD,
+            env=rank_env,
+            deadline_s=timeout,
+            grace_s=_GRACE_S,
+            name="rank",
+            expect_exit=expect_exit,
+            teardown=_destroy_group,
+        )
     finally:
-        killed = set()
-        for r, p in enumerate(procs):
-            if p.is_alive():
-                killed.add(r)
-                p.kill()
-                p.join(5)
-        results.close()
         del store
-    problems = []
-    for r, p in enumerate(procs):
-        status, value = reports.get(r, (None, None))
-        if r in expect_exit:
-            if p.exitcode != expect_exit[r]:
-                problems.append(
-                    f"--- rank {r}: expected to exit with code {expect_exit[r]}, "
-                    f"got {_describe_exit(p.exitcode)}" + (f"; it reported:\n{value}" if status else "")
-                )
-            continue
-        if status == "err":
-            problems.append(f"--- rank {r} raised:\n{value}")
-        elif r in killed:
-            problems.append(
-                f"--- rank {r}: "
-                + ("reported, then " if status else "no report, ")
-                + "still running at the deadline or after another rank failed (killed)"
-            )
-        elif status is None:
-            problems.append(f"--- rank {r}: no report, {_describe_exit(p.exitcode)}")
-        elif p.exitcode != 0:
-            problems.append(f"--- rank {r}: reported a result but {_describe_exit(p.exitcode)}")
+    problems = [p for r in range(world_size) if (p := _problem(r, out, expect_exit))]
     if problems:
         raise AssertionError(
             f"{len(problems)} of {world_size} rank(s) failed (timeout {timeout:g} s):\n" + "\n".join(problems)
         )
-    return [reports[r][1] if r not in expect_exit else None for r in range(world_size)]
+    return [out.results[r] if r not in expect_exit else None for r in range(world_size)]
 
 
-def _describe_exit(code: int | None) -> str:
-    if code is None:
-        return "still running"
-    if code < 0:
-        return f"killed by signal {-code}"
-    return f"exited with code {code}"
+def _raised(error: Any) -> str | None:
+    """The traceback of a rank that raised (None: the error is how its process ended without a report)."""
+    return error[1] if isinstance(error, tuple) and error[:1] == ("raised",) else None
+
+
+def _problem(rank: int, out: Outcome, expect_exit: dict[int, int]) -> str | None:
+    """What went wrong with ``rank`` in the run ``out`` (None: nothing)."""
+    code = out.exitcodes.get(rank)
+    if rank in expect_exit:
+        if rank in out.results:
+            reported = f"; it reported:\n{out.results[rank]!r}"
+        elif rank in out.errors:
+            reported = f"; it reported:\n{_raised(out.errors[rank]) or out.errors[rank]}"
+        else:
+            reported = ""
+        got = "still running (killed)" if rank in out.stopped else describe_exit(code)
+        if rank in out.stopped or code != expect_exit[rank]:
+            return f"--- rank {rank}: expected to exit with code {expect_exit[rank]}, got {got}{reported}"
+        return None
+    if rank in out.errors:
+        traceback_text = _raised(out.errors[rank])
+        if traceback_text is not None:
+            return f"--- rank {rank} raised:\n{traceback_text}"
+        return f"--- rank {rank}: {out.errors[rank]}"
+    if rank in out.stopped:
+        return (
+            f"--- rank {rank}: "
+            + ("reported, then " if rank in out.results else "no report, ")
+            + "still running at the deadline or after another rank failed (killed)"
+        )
+    if rank not in out.results:
+        return f"--- rank {rank}: no report, {describe_exit(code)}"
+    if code != 0:
+        return f"--- rank {rank}: reported a result but {describe_exit(code)}"
+    return None
 
 
 def free_port() -> int:
@@ -234,8 +200,80 @@ def run_cli(
     Returns:
         The ``CompletedProcess`` with text ``stdout`` and ``stderr``; the caller checks ``returncode``.
     """
+    return run_command([sys.executable, *(["-m", module] if module else []), *argv], timeout, env, cwd)
+
+
+class CommandTimeout(subprocess.TimeoutExpired):
+    """A command still running at its timeout (killed with everything it started); its message ends with the
+    output it wrote so far."""
+
+    def __str__(self) -> str:
+        tails = []
+        for name, text in (("stdout", self.stdout), ("stderr", self.stderr)):
+            if isinstance(text, bytes):
+                text = text.decode(errors="replace")
+            if text:
+                tails.append(f"--- {name} (last 4000 characters):\n{text[-4000:]}")
+        return "\n".join([super().__str__(), *tails])
+
+
+def run_command(
+    argv: Sequence[str],
+    timeout: float = 120.0,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> subprocess.CompletedProcess:
+    """Run a command (``argv[0]`` found on ``PATH``: a script, ``bash``, a tool) with a timeout, as a user runs it.
+
+    The command runs in a session of its own: at the timeout it is killed together with every process it started
+    (a launcher's ranks, a script's children), so nothing is left running on the machine.
+
+    Args:
+        argv: the command and its arguments.
+        timeout: seconds before the command is killed (:class:`CommandTimeout`, a ``subprocess.TimeoutExpired``
+            that carries the output so far; it fails the test).
+        env: the environment (default: this process's, with ``OMP_NUM_THREADS=1`` unless set).
+        cwd: the working directory.
+
+    Returns:
+        The ``CompletedProcess`` with text ``stdout`` and ``stderr``; the caller checks ``returncode``.
+    """
     if env is None:
         env = dict(os.environ)
         env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, *(["-m", module] if module else []), *argv]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+    argv = [os.fspath(a) for a in argv]
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as e:
+            _kill_session(proc)
+            raise CommandTimeout(argv, timeout, e.stdout, e.stderr) from None
+        except BaseException:
+            _kill_session(proc)
+            raise
+        finally:
+            _kill_session(proc, only_leftovers=True)
+    return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+def _kill_session(proc: subprocess.Popen, only_leftovers: bool = False) -> None:
+    """Kill the command's session (the command and what it started); with ``only_leftovers``, what it started and
+    left running after it exited (daemonised children of a script)."""
+    import signal
+
+    if not only_leftovers:
+        proc.kill()
+        proc.wait()
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass

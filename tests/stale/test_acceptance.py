@@ -1,4 +1,6 @@
-"""Staleness as a user gets it: unmodified DDP scripts under torchrun, configured only through DELAYCOMM_*.
+"""Staleness as a user gets it: unmodified DDP scripts started as torchrun starts them (tests/stale/user_job.py:
+the example under torchrun itself; the other scripts in ranks forked that way in the default run, and under
+torchrun with scripts/test.sh --slow), configured only through DELAYCOMM_*.
 
 Nothing here pins step_ms, a key or average: step_ms=auto must calibrate on the job as it runs (docs/staleness.md),
 whether the script's buckets are recognised in the backward pass (plain DDP), it does a metric all_reduce before
@@ -10,14 +12,13 @@ plus flush() add up to every contribution, for the AVG buckets and a SUM metric 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+from tests.stale.user_job import LAUNCHERS, run_user_job
+
+pytestmark = [pytest.mark.multiproc]
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "train_ddp.py"
@@ -31,17 +32,11 @@ USER_ENV = {
 }
 
 
-def _torchrun(script: Path, args: list[str], env_extra: dict[str, str], tmp_path: Path, timeout: float = 240):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-    env.update(env_extra)
-    env["DELAYCOMM_STATS"] = str(tmp_path / "stats.json")
-    env.setdefault("OMP_NUM_THREADS", "1")
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script), *args]
-    proc = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, (
-        f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
-    )
-    return proc
+def _job(launcher: str, script: Path, args: list[str], env: dict[str, str], tmp_path: Path, timeout: float = 240):
+    """``script`` on 2 ranks (tests/stale/user_job.py: torchrun, or ranks forked as torchrun starts them), with
+    ``env`` and a stats file (DELAYCOMM_STATS) under ``tmp_path``."""
+    env = {**env, "DELAYCOMM_STATS": str(tmp_path / "stats.json")}
+    return run_user_job(launcher, script, args, env, tmp_path, timeout=timeout)
 
 
 def _stats(tmp_path: Path) -> list[dict]:
@@ -69,9 +64,11 @@ def _check_staleness(docs: list[dict], bound: int | None) -> dict:
     return docs[0]["staleness"]
 
 
+# NOTE: the one test here that runs torchrun itself in the default run (the others run their script in ranks
+# forked as torchrun starts them; their torchrun runs are under scripts/test.sh --slow, docs/ci.md).
 @pytest.mark.timeout(300)
 def test_unmodified_ddp_example_goes_stale_with_the_defaults(tmp_path):
-    proc = _torchrun(EXAMPLE, [], USER_ENV, tmp_path)
+    proc = _job("torchrun", EXAMPLE, [], USER_ENV, tmp_path)
     st = _check_staleness(_stats(tmp_path), bound=2)
     # The report names the agreed step and the stream it was measured on.
     assert "step_ms=auto: median of 5 intervals of 'backward all_reduce #0'" in proc.stdout, proc.stdout[-3000:]
@@ -79,10 +76,11 @@ def test_unmodified_ddp_example_goes_stale_with_the_defaults(tmp_path):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("hook", [False, True], ids=["storage-keys", "ddp_hook"])
-def test_metric_all_reduce_before_training_does_not_stop_calibration(tmp_path, hook):
+def test_metric_all_reduce_before_training_does_not_stop_calibration(tmp_path, hook, launcher):
     args = ["--metric-first"] + (["--hook"] if hook else [])
-    _torchrun(JOB, args, USER_ENV, tmp_path)
+    _job(launcher, JOB, args, USER_ENV, tmp_path)
     st = _check_staleness(_stats(tmp_path), bound=2)
     if hook:
         assert st["step_key"] == "key 0", st  # bucket 0 (the metric before it is kept fresh)
@@ -100,13 +98,14 @@ def _sum(ts):
 
 
 @pytest.mark.timeout(300)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
 @pytest.mark.parametrize("staleness, bound", [("ssp:2", 2), ("asp", None)])
-def test_apply_outputs_plus_flush_equal_contributions_avg_and_sum(tmp_path, staleness, bound):
+def test_apply_outputs_plus_flush_equal_contributions_avg_and_sum(tmp_path, staleness, bound, launcher):
     import torch
 
     env = {**USER_ENV, "DELAYCOMM_STALENESS": staleness, "DELAYCOMM_STALE_POLICY": "apply"}
     rec = tmp_path / "rec"
-    _torchrun(JOB, ["--metric-first", "--hook", "--record", str(rec)], env, tmp_path)
+    _job(launcher, JOB, ["--metric-first", "--hook", "--record", str(rec)], env, tmp_path)
     _check_staleness(_stats(tmp_path), bound=bound)
     ranks = [torch.load(rec / f"rank{r}.pt") for r in range(2)]
     world = ranks[0]["world"]

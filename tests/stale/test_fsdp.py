@@ -1,6 +1,7 @@
-"""Staleness under FSDP2 as a user gets it: unmodified FSDP2 scripts under torchrun (examples/train_fsdp2.py, and
-PyTorch Lightning's ModelParallelStrategy when Lightning is installed), configured only
-through DELAYCOMM_* (step_ms=auto, the scope keys of docs/staleness.md, stale_policy=ema).
+"""Staleness under FSDP2 as a user gets it: unmodified FSDP2 scripts started as torchrun starts them
+(examples/train_fsdp2.py, and PyTorch Lightning's ModelParallelStrategy when Lightning is installed; in ranks forked
+that way in the default run, under torchrun itself with scripts/test.sh --slow: tests/stale/user_job.py),
+configured only through DELAYCOMM_* (step_ms=auto, the scope keys of docs/staleness.md, stale_policy=ema).
 
 Asserts, from every rank's stats file, that FSDP2's reduce-scatters went stale (>= 5% of contributions late, the
 bound held, step_ms calibrated on an FSDP2 parameter group's stream), and that training still works: the final
@@ -14,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.stale.test_acceptance import USER_ENV, _check_staleness, _stats, _torchrun
+from tests.stale.test_acceptance import USER_ENV, _check_staleness, _job, _stats
+from tests.stale.user_job import LAUNCHERS
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc]
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "train_fsdp2.py"
 
@@ -28,13 +30,14 @@ def _final_loss(path: Path) -> float:
 
 
 @pytest.mark.timeout(300)
-def test_unmodified_fsdp2_example_goes_stale_and_trains_like_bsp(tmp_path):
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_unmodified_fsdp2_example_goes_stale_and_trains_like_bsp(tmp_path, launcher):
     runs = {}
     for staleness in ("bsp", "ssp:2"):
         d = tmp_path / staleness.replace(":", "")
         d.mkdir()
-        proc = _torchrun(
-            EXAMPLE, ["--loss-log", str(d / "loss.txt")], {**USER_ENV, "DELAYCOMM_STALENESS": staleness}, d
+        proc = _job(
+            launcher, EXAMPLE, ["--loss-log", str(d / "loss.txt")], {**USER_ENV, "DELAYCOMM_STALENESS": staleness}, d
         )
         runs[staleness] = (proc, d)
 
@@ -64,12 +67,13 @@ def test_unmodified_fsdp2_example_goes_stale_and_trains_like_bsp(tmp_path):
 LIGHTNING_JOB = Path(__file__).resolve().parent / "scripts" / "lightning_fsdp2.py"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_lightning_model_parallel_strategy_goes_stale(tmp_path):
     # PyTorch Lightning is optional (pip install lightning); its FSDPStrategy is FSDP1 and needs a GPU, so the CPU
     # test runs FSDP2 through ModelParallelStrategy (fully_shard in configure_model).
     pytest.importorskip("lightning", reason="PyTorch Lightning is not installed (optional: pip install lightning)")
-    _torchrun(LIGHTNING_JOB, [], USER_ENV, tmp_path)
+    _job("torchrun", LIGHTNING_JOB, [], USER_ENV, tmp_path)
     # The default group's file per rank (the mesh's size-1 tensor-parallel groups write their own, with nothing).
     docs = [d for d in _stats(tmp_path) if d["ops"].get("_reduce_scatter_base", {}).get("calls", 0) > 0]
     assert len(docs) == 2, f"expected the data-parallel group's stats from each rank, got {len(docs)}"

@@ -1,7 +1,9 @@
 """Which reductions go stale, on the ecosystem's paths, as a user gets it (docs/staleness.md, "Which reductions go
-stale"): unmodified training jobs (tests/stale/scripts/paths_job.py) under torchrun, configured only through
-DELAYCOMM_* (step_ms=auto), each path run under bsp and under ssp:2 with stale_policy=apply, same delay, fraction
-and seed. For every path and rank, from the stats each path's own process group left:
+stale"): unmodified training jobs (tests/stale/scripts/paths_job.py) started as torchrun starts them (the two-rank
+paths in ranks forked that way in the default run; under torchrun itself, and the four-rank meshes, with
+scripts/test.sh --slow: tests/stale/user_job.py), configured only through DELAYCOMM_* (step_ms=auto), each path
+run under bsp and under ssp:2 with stale_policy=apply, same delay, fraction and seed. For every path and rank, from
+the stats each path's own process group left:
 
 - the delay the user asked for is all there: the number of delayed calls under ssp matches bsp's within sampling
   noise, and on a gradient path they show up as stale (stale_calls) or delayed-but-on-time, elsewhere as delayed
@@ -10,22 +12,21 @@ and seed. For every path and rank, from the stats each path's own process group 
 - under apply, the gradients DDP delivered plus what flush() delivered equal every rank's contributions exactly
   (float64; to the hook's rounding for the fp16 and bf16 compress hooks).
 
-Several paths run in sequence in one torchrun job, each on a process group of its own, so CI pays the start of
-torch a few times only. FSDP2 on a 1-D mesh is tests/stale/test_fsdp.py's.
+Several paths run in sequence in one job, each on a process group of its own, so a torchrun run pays the start
+of torch a few times only. FSDP2 on a 1-D mesh is tests/stale/test_fsdp.py's.
 """
 
 from __future__ import annotations
 
 import collections
 import math
-import os
 from pathlib import Path
 
 import pytest
 
-from tests.harness.procs import run_cli
+from tests.stale.user_job import LAUNCHERS, run_user_job
 
-pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
+pytestmark = [pytest.mark.multiproc]
 
 JOB = Path(__file__).resolve().parent / "scripts" / "paths_job.py"
 STEPS = 40
@@ -51,21 +52,15 @@ GRADIENT_PATHS = {
 FRESH_PATHS = {"metric", "tp", "unused"}
 
 
-def _run(paths: list[str], staleness: str, tmp_path: Path, nproc: int = 2, timeout: float = 400) -> tuple:
+def _run(
+    launcher: str, paths: list[str], staleness: str, tmp_path: Path, nproc: int = 2, timeout: float = 400
+) -> tuple:
     import torch
 
     out = tmp_path / staleness.replace(":", "")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-    env.update(USER_ENV)
-    env["DELAYCOMM_STALENESS"] = staleness
-    env["DELAYCOMM_STALE_POLICY"] = "apply"
-    env.setdefault("OMP_NUM_THREADS", "1")
-    argv = ["--standalone", "--nproc_per_node", str(nproc), str(JOB), "--paths", ",".join(paths)]
-    argv += ["--steps", str(STEPS), "--out", str(out)]
-    proc = run_cli(argv, timeout=timeout, env=env, cwd=str(tmp_path), module="torch.distributed.run")
-    assert proc.returncode == 0, (
-        f"{staleness} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
+    env = {**USER_ENV, "DELAYCOMM_STALENESS": staleness, "DELAYCOMM_STALE_POLICY": "apply"}
+    args = ["--paths", ",".join(paths), "--steps", str(STEPS), "--out", str(out)]
+    proc = run_user_job(launcher, JOB, args, env, tmp_path, nproc=nproc, timeout=timeout)
     results = collections.defaultdict(dict)
     for p in out.glob("*.pt"):
         path, rank = p.stem.split(".rank")
@@ -163,9 +158,10 @@ DDP_PATHS = [
 
 
 @pytest.mark.timeout(900)
-def test_ddp_paths_metric_and_tp_two_ranks(tmp_path):
-    bsp, _ = _run(DDP_PATHS, "bsp", tmp_path)
-    ssp, proc = _run(DDP_PATHS, "ssp:2", tmp_path)
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ddp_paths_metric_and_tp_two_ranks(tmp_path, launcher):
+    bsp, _ = _run(launcher, DDP_PATHS, "bsp", tmp_path)
+    ssp, proc = _run(launcher, DDP_PATHS, "ssp:2", tmp_path)
     for path in DDP_PATHS:
         _check_path(path, bsp[path], ssp[path], 2)
     for path in DDP_PATHS:
@@ -197,10 +193,14 @@ def test_ddp_paths_metric_and_tp_two_ranks(tmp_path):
 MESH_PATHS = ["hsdp", "tp_fsdp2"]
 
 
+# NOTE: slow (four ranks, twice; scripts/test.sh --slow). The default run covers HSDP's all-reduce across
+# replicas kept fresh after a stale reduce-scatter (tests/stale/test_reduce_scatter.py), TP's all-reduces kept
+# fresh (the tp path above) and FSDP2's reduce-scatters going stale (tests/stale/test_fsdp.py); docs/ci.md.
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_hsdp_and_tp_fsdp2_four_ranks(tmp_path):
-    bsp, _ = _run(MESH_PATHS, "bsp", tmp_path, nproc=4)
-    ssp, proc = _run(MESH_PATHS, "ssp:2", tmp_path, nproc=4)
+    bsp, _ = _run("torchrun", MESH_PATHS, "bsp", tmp_path, nproc=4)
+    ssp, proc = _run("torchrun", MESH_PATHS, "ssp:2", tmp_path, nproc=4)
     for path in MESH_PATHS:
         _check_path(path, bsp[path], ssp[path], 4)
     for rank in range(4):

@@ -1,5 +1,5 @@
 """The stats file: one per rank and group (placeholders, a directory, or added suffixes), checked writable when the
-group is created (issue 10, defect 13). Real ranks, real Gloo."""
+group is created (docs/telemetry.md). Real ranks, real Gloo."""
 
 from __future__ import annotations
 
@@ -167,7 +167,7 @@ def test_a_group_never_destroyed_writes_its_stats_at_exit(tmp_path):
     env["DELAYCOMM_STATS"] = str(tmp_path / "stats.json")
     proc = run_cli(["-c", _NEVER_DESTROYED.format(rdzv=tmp_path / "rdzv")], env=env, timeout=100)
     # NOTE: a process that exits with a Gloo group never destroyed aborts now and then in teardown, after the
-    # interpreter's exit handlers, with plain Gloo too (README, "Known issues"; 1 in 15 here for each): that is
+    # interpreter's exit handlers, with plain Gloo too (docs/known-issues.md; 1 in 15 here for each): that is
     # not what this test is about, and the stats are written before it.
     upstream_abort = proc.returncode == -6 and "terminate called without an active exception" in proc.stderr
     assert proc.returncode == 0 or upstream_abort, proc.stderr[-3000:]
@@ -267,7 +267,7 @@ def test_stats_paths_that_must_not_be_replaced_collide_or_repeat(tmp_path):
         path = str(cycles / f"d{rank}.json")
         assert len(got[6]) == 1 and re.fullmatch(
             re.escape(f"delaycomm: the stats of group '0' were not written to {path!r}: [Errno 21] Is a directory: ")
-            + rf"'{re.escape(path)}\.tmp\d+' -> '{re.escape(path)}' "
+            + rf"'{re.escape(str(cycles))}/\.d{rank}\.json\.\d+\.[0-9a-f]+\.tmp' -> '{re.escape(path)}' "
             + re.escape("(the path was checked when the group was created and has changed since)"),
             got[6][0],
         ), got[6]
@@ -314,9 +314,10 @@ print(json.dumps(out))
 def test_a_file_the_user_may_not_replace_fails_at_init_as_a_user_without_privileges():
     # As root, a sticky directory stops nothing; as another user it does: before, the job of user nobody passed
     # init, then exited 0 with no stats file and a .tmp file left (rename refused in the sticky directory).
-    import subprocess
     import sys
     import tempfile
+
+    from tests.harness import run_command
 
     root = tempfile.mkdtemp(prefix="delaycomm-stats-")  # under /tmp: pytest's own tmp_path is private to root
     try:
@@ -326,10 +327,8 @@ def test_a_file_the_user_may_not_replace_fails_at_init_as_a_user_without_privile
             f.write("root's")
         script = _AS_ANOTHER_USER.format(paths=[mine], rdzv=os.path.join(root, "rdzv"))
         env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-        proc = subprocess.run(
+        proc = run_command(
             ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", sys.executable, "-c", script],
-            capture_output=True,
-            text=True,
             timeout=100,
             env=env,
             cwd=root,

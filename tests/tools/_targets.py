@@ -33,3 +33,26 @@ def rank0_dies(rank, nproc, post):
 
 def hangs(rank, nproc, post):
     time.sleep(60)
+
+
+def rank1_exits_3(rank, nproc, post):
+    if rank == 1:
+        os._exit(3)  # a fault injected on purpose
+    time.sleep(1.0)  # longer than the dead rank's detection: the expected exit must not stop this rank
+    return "ok"
+
+
+def returns_rank(rank, nproc, post):
+    return rank
+
+
+def write_teardown_file():
+    """A teardown: proves it ran in each rank; what it raises must not change the outcome."""
+    with open(os.environ["DC_TEARDOWN_FILE"] + os.environ["RANK"], "w") as f:
+        f.write("torn down")
+    raise RuntimeError("ignored: the rank has reported already")
+
+
+def exit_5():
+    """A teardown that ends the process at once (as a crash in native code would)."""
+    os._exit(5)

@@ -5,7 +5,9 @@ value is its result; an exception is its error (the traceback, or the payload of
 payload)`` sends anything else on the way (progress, "ready"), handed to ``on_message`` in the parent. The parent
 returns when every rank has reported, when ``grace_s`` has passed since the first error (the others are likely
 waiting for the failed one in a collective), or at the deadline; then stops what is still running. A rank that
-exits without a report (killed, crashed in native code) is an error of its own, noticed within half a second.
+exits without a report (killed, crashed in native code) is an error of its own, noticed within half a second, unless
+``expect_exit`` names that exit (a fault injected on purpose). The outcome holds every rank's result or error, its
+process's exit code, and which ranks had to be stopped.
 
 Rendezvous is the caller's: it passes a store address (``file://``, a TCPStore port it hosts) in ``args``.
 """
@@ -16,15 +18,18 @@ import dataclasses
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["RankError", "Outcome", "run_ranks", "under_torchrun", "torchrun_rank"]
+__all__ = ["RankError", "Outcome", "run_ranks", "describe_exit", "under_torchrun", "torchrun_rank"]
 
 # How long the parent reads a dead rank's pipe for a last message before judging it dead without a report.
 _LAST_WORDS_S = 0.2
+# How long a rank that reported gets to exit (its teardown, its interpreter's) before it is stopped.
+_EXIT_PATIENCE_S = 10.0
 
 
 class RankError(Exception):
@@ -37,19 +42,24 @@ class RankError(Exception):
 
 @dataclasses.dataclass
 class Outcome:
-    """What the ranks reported.
+    """What the ranks reported, and how their processes ended.
 
     Attributes:
         results: rank -> the target's return value.
         errors: rank -> the traceback text, a :class:`RankError`'s payload, or why the process died.
         timed_out: the deadline passed before every rank reported (and no rank had failed).
         elapsed_s: from the first start to the last report.
+        exitcodes: rank -> its process's exit code once the run ended (negative: the signal that killed it, the
+            launcher's own stop included; None: never started).
+        stopped: the ranks still running when the run ended, which the launcher stopped.
     """
 
     results: dict[int, Any]
     errors: dict[int, Any]
     timed_out: bool
     elapsed_s: float
+    exitcodes: dict[int, int | None] = dataclasses.field(default_factory=dict)
+    stopped: set[int] = dataclasses.field(default_factory=set)
 
     @property
     def ok(self) -> bool:
@@ -66,7 +76,27 @@ def torchrun_rank() -> tuple[int, int]:
     return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 
 
-def _rank_main(target: Callable[..., Any], rank: int, nproc: int, args: tuple, messages, env: dict[str, str]) -> None:
+def describe_exit(code: int | None) -> str:
+    """A process's exit code in words: ``exited with code 3``, ``killed by signal 9 (SIGKILL)``."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by signal {-code} ({signal.Signals(-code).name})"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def _rank_main(
+    target: Callable[..., Any],
+    rank: int,
+    nproc: int,
+    args: tuple,
+    messages,
+    env: dict[str, str],
+    teardown: Callable[[], None] | None,
+) -> None:
     # The caller's environment at the call, whatever the start method (a fork server's children would otherwise
     # have the environment the server started with).
     os.environ.clear()
@@ -89,7 +119,14 @@ def _rank_main(target: Callable[..., Any], rank: int, nproc: int, args: tuple, m
             messages.put(("result", rank, value))
     finally:
         messages.close()
-        messages.join_thread()
+        messages.join_thread()  # the report is in the pipe: nothing the teardown does can lose it
+    if teardown is not None:
+        # After the report: a teardown that blocks (a peer wedged in a collective) or crashes cannot hold back or
+        # lose the rank's outcome; the parent sees how the process ended, and stops it if it has to.
+        try:
+            teardown()
+        except BaseException:  # noqa: BLE001 - the rank's outcome is reported already
+            pass
 
 
 def run_ranks(
@@ -104,6 +141,8 @@ def run_ranks(
     grace_s: float = 0.0,
     on_message: Callable[[str, int, Any], None] | None = None,
     name: str = "rank",
+    expect_exit: Mapping[int, int] | None = None,
+    teardown: Callable[[], None] | None = None,
 ) -> Outcome:
     """Run ``target`` in ``nproc`` fresh processes and collect what each reports.
 
@@ -120,6 +159,11 @@ def run_ranks(
         grace_s: after the first error, how long the other ranks get to report before they are stopped.
         on_message: called in the parent with ``(kind, rank, payload)`` for each :func:`post` of a rank.
         name: the processes' name prefix (``<name><rank>``).
+        expect_exit: ``{rank: exit code}`` of ranks meant to exit with that code without a report (a fault
+            injected on purpose): that exit ends the rank's part, with no error and no grace for the others;
+            another code without a report is an error as usual.
+        teardown: a module-level function each rank calls after its report is sent (destroying its process
+            group, say); what it raises is ignored.
 
     Returns:
         The :class:`Outcome`.
@@ -140,65 +184,100 @@ def run_ranks(
     rank_env = {**os.environ, **(env or {})}
     procs = [
         ctx.Process(
-            target=_rank_main, args=(target, r, nproc, tuple(args), messages, rank_env), name=f"{name}{r}", daemon=True
+            target=_rank_main,
+            args=(target, r, nproc, tuple(args), messages, rank_env, teardown),
+            name=f"{name}{r}",
+            daemon=True,
         )
         for r in range(nproc)
     ]
     started = time.monotonic()
     deadline = started + deadline_s if deadline_s is not None else float("inf")
-    results: dict[int, Any] = {}
-    errors: dict[int, Any] = {}
-
-    def handle(msg: tuple[str, int, Any]) -> None:
-        nonlocal deadline
-        kind, rank, payload = msg
-        if kind == "result":
-            results[rank] = payload
-        elif kind == "error":
-            errors[rank] = payload
-            deadline = min(deadline, time.monotonic() + grace_s)
-        elif on_message is not None:
-            on_message(kind, rank, payload)
-
-    timed_out = False
-    done = False
+    reports = _Reports(procs, messages, deadline, grace_s, on_message, dict(expect_exit or {}))
     try:
         for p in procs:
             p.start()
-        while len(results) + len(errors) < nproc:
+        reports.collect()
+    finally:
+        stopped = _stop(procs, _EXIT_PATIENCE_S if reports.ok else 0.0)
+        messages.close()
+    exitcodes = {r: p.exitcode for r, p in enumerate(procs)}
+    elapsed_s = reports.ended - started
+    return Outcome(reports.results, reports.errors, reports.timed_out, elapsed_s, exitcodes, stopped)
+
+
+class _Reports:
+    """The parent's side of a run: reads the ranks' messages until every rank has reported (or exited as
+    expected), the grace after the first error has passed, or the deadline."""
+
+    def __init__(self, procs: list, messages, deadline: float, grace_s: float, on_message, expect_exit: dict) -> None:
+        self.procs, self.messages, self.deadline, self.grace_s = procs, messages, deadline, grace_s
+        self.on_message, self.expect_exit = on_message, expect_exit
+        self.results: dict[int, Any] = {}
+        self.errors: dict[int, Any] = {}
+        self.exited: set[int] = set()  # ranks that exited as expect_exit says
+        self.timed_out = False
+        self.ok = False
+        self.ended = time.monotonic()
+
+    def _handle(self, msg: tuple[str, int, Any]) -> None:
+        kind, rank, payload = msg
+        if kind == "result":
+            self.results[rank] = payload
+        elif kind == "error":
+            self.errors[rank] = payload
+            self.deadline = min(self.deadline, time.monotonic() + self.grace_s)
+        elif self.on_message is not None:
+            self.on_message(kind, rank, payload)
+
+    def _pending(self, rank: int) -> bool:
+        return rank not in self.results and rank not in self.errors and rank not in self.exited
+
+    def collect(self) -> None:
+        while any(self._pending(r) for r in range(len(self.procs))):
             now = time.monotonic()
-            if now >= deadline:
-                timed_out = not errors
+            if now >= self.deadline:
+                self.timed_out = not self.errors
                 break
             try:
-                handle(messages.get(timeout=min(0.5, deadline - now)))
+                self._handle(self.messages.get(timeout=min(0.5, self.deadline - now)))
             except queue_module.Empty:
-                for rank, p in enumerate(procs):
-                    if p.exitcode is None or rank in results or rank in errors:
-                        continue
-                    try:  # its last message may still be in the pipe: read what is there before judging
-                        while True:
-                            handle(messages.get(timeout=_LAST_WORDS_S))
-                    except queue_module.Empty:
-                        pass
-                    if rank not in results and rank not in errors:
-                        handle(("error", rank, f"process exited with code {p.exitcode} without a report"))
-        done = not errors and not timed_out
-        return Outcome(results, errors, timed_out, time.monotonic() - started)
-    finally:
-        _stop(procs, 5.0 if done else 0.0)
-        messages.close()
+                self._judge_dead()
+        self.ended = time.monotonic()
+        self.ok = not self.errors and not self.timed_out
+
+    def _judge_dead(self) -> None:
+        """Ranks whose process ended without a report: an error, or the exit ``expect_exit`` names."""
+        for rank, p in enumerate(self.procs):
+            if p.exitcode is None or not self._pending(rank):
+                continue
+            try:  # its last message may still be in the pipe: read what is there before judging
+                while True:
+                    self._handle(self.messages.get(timeout=_LAST_WORDS_S))
+            except queue_module.Empty:
+                pass
+            if not self._pending(rank):
+                continue
+            if self.expect_exit.get(rank) == p.exitcode:
+                self.exited.add(rank)
+                continue
+            expected = f" (expected to exit with code {self.expect_exit[rank]})" if rank in self.expect_exit else ""
+            self._handle(("error", rank, f"process {describe_exit(p.exitcode)} without a report{expected}"))
 
 
-def _stop(procs: list, patience_s: float) -> None:
-    """Join each rank (up to ``patience_s`` each: ranks that reported are exiting), then terminate, then kill."""
+def _stop(procs: list, patience_s: float) -> set[int]:
+    """Join each rank (up to ``patience_s`` each: ranks that reported are exiting), then terminate, then kill;
+    return the ranks that had to be stopped."""
     for p in procs:
         if p.pid is not None and patience_s > 0:
             p.join(timeout=patience_s)
-    for p in procs:
+    stopped = set()
+    for rank, p in enumerate(procs):
         if p.is_alive():
+            stopped.add(rank)
             p.terminate()
             p.join(timeout=5.0)
         if p.is_alive():
             p.kill()
             p.join()
+    return stopped

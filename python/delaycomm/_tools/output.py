@@ -2,19 +2,21 @@
 
 A record written by a tool is read back by reports and gates (pyperf's "measure, then analyse"), possibly while
 a run is still writing the next one: a reader must never see half a file, so the text goes to a temporary file
-in the same directory and is renamed over the target.
+in the same directory and is renamed over the target. The file gets the mode a plain ``open(path, "w")`` gives
+(0666 less the umask), as users expect of a file a tool writes (``tempfile.mkstemp`` would make it private).
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
+import secrets
 import sys
-import tempfile
 from typing import Any
 
-__all__ = ["jsonable", "dumps", "write_json"]
+__all__ = ["jsonable", "dumps", "write_json", "check_writable"]
 
 
 def jsonable(value: Any, *, nan: Any = None) -> Any:
@@ -69,8 +71,7 @@ def write_json(path: str, record: Any) -> str:
         sys.stdout.write(text)
         sys.stdout.flush()
         return text
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=directory)
+    fd, tmp = _create_temporary(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -82,3 +83,34 @@ def write_json(path: str, record: Any) -> str:
             pass
         raise
     return text
+
+
+def check_writable(path: str) -> None:
+    """Create and remove a temporary file as :func:`write_json` would to write ``path``.
+
+    A check made ahead of a write (a stats file is checked when its group is created and written when it is
+    destroyed): the directory exists and this process may create a file in it.
+
+    Raises:
+        OSError: the temporary file cannot be created.
+    """
+    fd, tmp = _create_temporary(path)
+    os.close(fd)
+    os.remove(tmp)
+
+
+def _create_temporary(path: str) -> tuple[int, str]:
+    """A new file beside ``path`` (the same directory, so that ``os.replace`` is atomic), open for writing.
+
+    Its name is hidden and unused (``.NAME.PID.RANDOM.tmp``, created exclusively); its mode is 0666 less the umask,
+    applied by the kernel (NOTE: not ``tempfile.mkstemp``, whose 0600 the renamed file would keep).
+    """
+    directory, name = os.path.split(os.path.abspath(path))
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0)
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+        try:
+            return os.open(tmp, flags, 0o666), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no unused temporary name after 100 tries", os.path.join(directory, f".{name}"))

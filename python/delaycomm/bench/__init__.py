@@ -3,7 +3,7 @@
 Modules: :mod:`~delaycomm.bench.cli` (flags), :mod:`~delaycomm.bench.engine` (measuring, inside each rank),
 :mod:`~delaycomm.bench.collectives` (one spec per collective), :mod:`~delaycomm.bench.results` (run records and
 statistics), :mod:`~delaycomm.bench.report` (the table), :mod:`~delaycomm.bench.gate` (the regression gate),
-:mod:`~delaycomm.bench.plot`. Formulas and the gate's rule: ``docs/bench.md``.
+:mod:`~delaycomm.bench.plot`. Formulas and the gate's rule: ``docs/benchmark.md``.
 
 Importing this package is cheap: torch is imported by the modules that need it, when they need it.
 """

@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m delaycomm.bench",
         description="nccl-tests-style collective microbenchmarks: delaycomm side by side with the raw backend it "
         "wraps (gloo on CPU, nccl on GPU), interleaved repeats, and a CI gate on their ratio.",
-        epilog="sizes are binary (4K = 4096 B). Columns and formulas: docs/bench.md. Exit status: 0 ok; 1 the gate "
+        epilog="sizes are binary (4K = 4096 B). Columns and formulas: docs/benchmark.md. Exit status: 0 ok; 1 the gate "
         "failed or a result was wrong; 2 bad input; 3 the run failed.",
     )
     g = p.add_argument_group("sweep")

@@ -3,7 +3,7 @@
 The engine (:mod:`delaycomm.bench.engine`) is generic; everything collective-specific lives here, in the style of
 nccl-tests' per-collective plug-ins: one small class per collective (its buffer sizes, its input data, the call,
 its expected result, its bus-bandwidth factor), and :class:`Collective` holds what they share. Adding a collective
-is one class and one entry of ``COLLECTIVES``. The formulas are derived in ``docs/bench.md``.
+is one class and one entry of ``COLLECTIVES``. The formulas are derived in ``docs/benchmark.md``.
 
 Conventions (n = number of ranks):
 
@@ -82,7 +82,7 @@ class Collective(abc.ABC):
     # ---------------------------------------------------------------- per collective
     @abc.abstractmethod
     def bus_factor(self, n: int) -> float:
-        """busbw / algbw for n ranks (docs/bench.md)."""
+        """busbw / algbw for n ranks (docs/benchmark.md)."""
 
     def buffer_counts(self, count: int, n: int) -> tuple[int, int | None]:
         """Elements of (input, output) for ``count`` (the larger buffer); output None: the call is in place."""

@@ -6,7 +6,7 @@ the machine hit both sides alike. All backends live in the same processes (one p
 private Gloo group for the bench's own bookkeeping), so a ratio compares like with like.
 
 NOTE: nccl-tests time a batch of calls and divide. The bench reports percentiles of per-call times where a call's
-time is the max over ranks (docs/bench.md, "How a call is timed"), so each rank times each call on its own clock
+time is the max over ranks (docs/benchmark.md, "How a call is timed"), so each rank times each call on its own clock
 with no barrier inside the loop, and the per-call vectors are max-reduced across ranks afterwards (outside the
 timed region). A call's time on one rank
 includes its wait for the slowest rank to arrive: that is what a training step sees.

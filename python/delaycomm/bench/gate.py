@@ -1,6 +1,6 @@
 """The CI performance gate: did delaycomm get slower *relative to the raw backend*, beyond noise?
 
-The rule (also in docs/bench.md and the README):
+The rule (docs/benchmark.md explains it for users):
 
 1. Only ratios are compared, never absolute times: in each repeat of a run, ratio = p50(delaycomm) / p50(raw),
    both measured interleaved in the same processes. A slower (or faster) machine moves both sides alike, so the
@@ -9,7 +9,8 @@ The rule (also in docs/bench.md and the README):
    the raw backend, so a baseline ratio below 1 is noise, and would make the limit stricter than meant).
    limit = max(1, baseline ratio) x max_slowdown.
 3. A size fails when the median of this run's per-repeat ratios is above the limit *and* the ratio is above the
-   limit in a strict majority of the repeats: one unlucky repeat (a scheduler hiccup) cannot fail the gate.
+   limit in a strict majority of the repeats: one unlucky repeat (a scheduler hiccup) cannot fail the gate
+   (:func:`majority_over`; ``bench/percall.py``'s gate applies the same rule to its per-run regressions).
 4. Confirmation: when the bench spawned its own ranks, the failing sizes are measured again in fresh processes
    (``--confirm``, once by default), and a size fails only if it fails again: a real regression reproduces, a
    burst of load on a shared machine rarely does.
@@ -20,12 +21,26 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
 from delaycomm.bench.results import RowStats, raw_label, row_stats
 from delaycomm.bench.units import format_size
 
-__all__ = ["GateError", "SizeVerdict", "GateResult", "compare"]
+__all__ = ["GateError", "SizeVerdict", "GateResult", "compare", "count_over", "majority_over"]
+
+
+def count_over(values: Sequence[float], limit: float) -> int:
+    """How many of ``values`` are above ``limit``."""
+    return sum(1 for v in values if v > limit)
+
+
+def majority_over(values: Sequence[float], limit: float) -> bool:
+    """The gate's rule for one item: the median of ``values`` is above ``limit``, and so is a strict majority of them.
+
+    ``values`` holds one figure per repeat (or per run) of the item, so one unlucky repeat cannot fail it.
+    """
+    return statistics.median(values) > limit and count_over(values, limit) * 2 > len(values)
 
 
 class GateError(ValueError):
@@ -45,12 +60,12 @@ class SizeVerdict:
 
     @property
     def repeats_over(self) -> int:
-        return sum(1 for r in self.repeat_ratios if r > self.limit)
+        return count_over(self.repeat_ratios, self.limit)
 
     @property
     def failed_once(self) -> bool:
         """This measurement alone fails the rule (median above the limit, in a majority of repeats)."""
-        return self.ratio > self.limit and self.repeats_over * 2 > len(self.repeat_ratios)
+        return majority_over(self.repeat_ratios, self.limit)
 
     @property
     def failed(self) -> bool:

@@ -93,7 +93,7 @@ def header_lines(record: dict[str, Any]) -> list[str]:
         )
     lines.append(
         "# p50/p99: percentiles of per-call time, a call's time being the max over ranks; "
-        "algbw = size / p50; busbw = algbw x bus factor (docs/bench.md)"
+        "algbw = size / p50; busbw = algbw x bus factor (docs/benchmark.md)"
     )
     if raw:
         lines.append(f"# ratio: median over repeats of p50(backend) / p50({raw}), measured interleaved in this run")

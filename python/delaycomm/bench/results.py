@@ -74,7 +74,7 @@ class RowStats:
 def bandwidths(size_bytes: int, time_us: float, collective: str, world_size: int) -> tuple[float, float]:
     """(algbw, busbw) in GB/s (10^9 bytes per second) for one call of ``size_bytes`` taking ``time_us``.
 
-    algbw = size / time; busbw = algbw x the collective's bus factor (docs/bench.md derives each factor).
+    algbw = size / time; busbw = algbw x the collective's bus factor (docs/benchmark.md derives each factor).
     """
     if time_us <= 0:
         return math.inf, math.inf

@@ -291,6 +291,193 @@ def _stream(seed: int, purpose: int, worker: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(purpose, worker)))
 
 
+class _Simulation:
+    """One run's state and its event handlers: the server, the workers, the event heap.
+
+    Events are ``(time, seq, kind, worker)`` on a heap; ``seq`` breaks ties in push order, so the run is a pure
+    function of the seeds. A worker is *computing* (a ``_DONE`` event pending), *blocked* (in ``blocked``: at the
+    SSP gate, the BSP barrier, or waiting for its own update when ``waiting_own``), and its pushed updates sit in
+    ``inflight`` until they arrive (per-worker FIFO).
+    """
+
+    def __init__(
+        self,
+        config: SimConfig,
+        model: ConsistencyModel,
+        delay_samplers: Sequence[DelaySource] | None,
+        problem: LogisticProblem,
+    ) -> None:
+        n = config.workers
+        self.config = config
+        self.model = model
+        self.n = n
+        self.problem = problem
+        self.opt = make_optimizer(problem.initial_weights(), config.step, problem.smoothness)
+        stale_after = n - 1 if config.stale_after is None else config.stale_after
+        self.policy = StalePolicy(config.policy, n, stale_after, config.alpha)
+        self.bsp = model.kind == "bsp"
+        self.host = config.delay_where == "host"
+        self.network_delay = delay_samplers is not None and not self.host
+
+        # Per-worker random streams: purpose 1 jitter, 2 batches, 3 delay-fraction draws.
+        self.factors = [config.straggler if i < config.stragglers else 1.0 for i in range(n)]
+        self.jitters = [_jitter_sampler(config.jitter, _stream(config.seed, 1, i)) for i in range(n)]
+        self.batches = [
+            _Blocks(functools.partial(problem.sample_rows, i, _stream(config.seed, 2, i)), block=64) for i in range(n)
+        ]
+        self.delays = [
+            _Delays(
+                None if delay_samplers is None else delay_samplers[i], config.delay_fraction, _stream(config.seed, 3, i)
+            )
+            for i in range(n)
+        ]
+
+        self.heap: list[tuple[float, int, int, int]] = []
+        self.seq = 0
+        self.version = 0
+        self.updates = 0
+        self.dropped = 0
+        self.pushed = [0] * n
+        self.arrived = [0] * n
+        self.last_arrival = [0.0] * n
+        self.computing: list[tuple[np.ndarray, int, np.ndarray] | None] = [None] * n
+        self.inflight: list[collections.deque] = [collections.deque() for _ in range(n)]
+        self.blocked: dict[int, float] = {}  # worker -> time it started waiting
+        self.blocked_seconds = [0.0] * n
+        self.waiting_own = [False] * n
+        self.staleness: list[int] = []
+        self.arrivals: list[tuple[float, int, int]] = []  # (time, worker, step)
+        self.round_grads: list[np.ndarray] = []
+        self.round_read: np.ndarray | None = None
+        self.grid = np.arange(0.0, config.budget + 1e-12, config.eval_interval)
+        self.curve_loss: list[float] = []
+
+    def run(self) -> RunResult:
+        """Start every worker at t = 0, process events up to the budget, and measure."""
+        budget = self.config.budget
+        for i in range(self.n):
+            self._start(i, 0.0)
+        while self.heap and self.heap[0][0] <= budget:
+            t, _, kind, i = heapq.heappop(self.heap)
+            self._sample_curve(until=t)
+            if kind == _DONE:
+                self._done(i, t)
+            else:
+                self._arrive(i, t)
+        self._sample_curve(until=math.inf)
+        for j, since in self.blocked.items():
+            self.blocked_seconds[j] += budget - since
+        return self._result()
+
+    def _sample_curve(self, until: float) -> None:
+        """Record the loss at every grid time before ``until`` not yet sampled."""
+        grid = self.grid
+        while len(self.curve_loss) < grid.size and grid[len(self.curve_loss)] < until:
+            self.curve_loss.append(self.problem.loss(self.opt.weights()))
+
+    def _push(self, t: float, kind: int, worker: int) -> None:
+        heapq.heappush(self.heap, (t, self.seq, kind, worker))
+        self.seq += 1
+
+    def _start(self, i: int, t: float) -> None:
+        """Worker ``i`` reads the parameters and starts computing a gradient."""
+        read = self.opt.read()
+        rows = self.batches[i].next()
+        self.computing[i] = (self.problem.gradient(read, rows), self.version, read)
+        cfg = self.config
+        self._push(t + cfg.base_time * self.factors[i] * self.jitters[i]() + cfg.comm, _DONE, i)
+
+    def _try_start(self, i: int, t: float) -> None:
+        if self.model.may_start(i, self.pushed, self.arrived):
+            self._start(i, t)
+        else:
+            self.blocked[i] = t
+
+    def _unblock(self, j: int, t: float) -> None:
+        self.blocked_seconds[j] += t - self.blocked.pop(j)
+
+    def _release(self, t: float) -> None:
+        """Start every blocked worker (in rank order) that may start now."""
+        for j in sorted(self.blocked):
+            if not self.waiting_own[j] and self.model.may_start(j, self.pushed, self.arrived):
+                self._unblock(j, t)
+                self._start(j, t)
+
+    def _done(self, i: int, t: float) -> None:
+        """Worker ``i`` finished its gradient: push it towards the server."""
+        self.pushed[i] += 1
+        self.inflight[i].append((*self.computing[i], self.pushed[i]))
+        self.computing[i] = None
+        at = max(t + self.delays[i].next(), self.last_arrival[i])
+        self.last_arrival[i] = at
+        if self.bsp or self.host:
+            self.blocked[i] = t
+            self.waiting_own[i] = not self.bsp
+        if at > t:
+            self._push(at, _ARRIVE, i)
+        else:
+            self._arrive(i, t)
+        if not self.bsp and not self.host:
+            self._try_start(i, t)
+
+    def _arrive(self, i: int, t: float) -> None:
+        """Worker ``i``'s oldest in-flight update reaches the server."""
+        grad, read_version, read, step = self.inflight[i].popleft()
+        self.arrived[i] += 1
+        self.arrivals.append((t, i, step))
+        if self.bsp:
+            self._arrive_bsp(grad, read, t)
+            return
+        tau = self.version - read_version
+        self.staleness.append(tau)
+        scale = self.policy.scale(tau)
+        if scale > 0.0:
+            self.opt.apply(grad, tau, read, scale)
+            self.version += 1
+            self.updates += 1
+        else:
+            self.dropped += 1
+        if self.waiting_own[i]:
+            self.waiting_own[i] = False
+        self._release(t)
+
+    def _arrive_bsp(self, grad: np.ndarray, read: np.ndarray, t: float) -> None:
+        """BSP: collect the round; when all N are in, apply their mean and start the next round."""
+        self.staleness.append(0)  # everyone read the parameters of the round's start
+        self.round_grads.append(grad)
+        self.round_read = read
+        if len(self.round_grads) < self.n:
+            return
+        self.opt.apply(np.mean(self.round_grads, axis=0), 0, self.round_read)
+        self.version += 1
+        self.updates += 1
+        self.round_grads.clear()
+        for j in range(self.n):
+            if j in self.blocked:
+                self._unblock(j, t)
+            self._start(j, t)
+
+    def _result(self) -> RunResult:
+        arrivals = self.arrivals
+        return RunResult(
+            config=self.config,
+            label=self.model.label,
+            title=self.model.title,
+            updates=self.updates,
+            dropped=self.dropped,
+            staleness=np.asarray(self.staleness, dtype=np.int64),
+            arrival_time=np.array([a[0] for a in arrivals], dtype=np.float64),
+            arrival_worker=np.array([a[1] for a in arrivals], dtype=np.int64),
+            arrival_step=np.array([a[2] for a in arrivals], dtype=np.int64),
+            final_loss=self.problem.loss(self.opt.weights()),
+            curve_time=self.grid,
+            curve_loss=np.asarray(self.curve_loss),
+            worker_updates=list(self.arrived),
+            blocked_seconds=self.blocked_seconds,
+            bound=staleness_bound(self.model, self.n, network_delay=self.network_delay),
+        )
+
+
 def simulate(
     config: SimConfig,
     delay_samplers: Sequence[DelaySource] | None = None,
@@ -319,153 +506,7 @@ def simulate(
         problem = LogisticProblem(config.problem, n)
     elif problem.config != config.problem or len(problem.shards) != n:
         raise ValueError("simulate: problem does not match config.problem and config.workers")
-    opt = make_optimizer(problem.initial_weights(), config.step, problem.smoothness)
-    stale_after = n - 1 if config.stale_after is None else config.stale_after
-    policy = StalePolicy(config.policy, n, stale_after, config.alpha)
-    bsp = model.kind == "bsp"
-    host = config.delay_where == "host"
-
-    factors = [config.straggler if i < config.stragglers else 1.0 for i in range(n)]
-    jitters = [_jitter_sampler(config.jitter, _stream(config.seed, 1, i)) for i in range(n)]
-    batches = [
-        _Blocks(functools.partial(problem.sample_rows, i, _stream(config.seed, 2, i)), block=64) for i in range(n)
-    ]
-    delays = [
-        _Delays(
-            None if delay_samplers is None else delay_samplers[i], config.delay_fraction, _stream(config.seed, 3, i)
-        )
-        for i in range(n)
-    ]
-
-    heap: list[tuple[float, int, int, int]] = []
-    seq = 0
-    version = 0
-    updates = 0
-    dropped = 0
-    pushed = [0] * n
-    arrived = [0] * n
-    last_arrival = [0.0] * n
-    computing: list[tuple[np.ndarray, int, np.ndarray] | None] = [None] * n
-    inflight: list[collections.deque] = [collections.deque() for _ in range(n)]
-    blocked: dict[int, float] = {}  # worker -> time it started waiting
-    blocked_seconds = [0.0] * n
-    waiting_own = [False] * n
-    staleness: list[int] = []
-    arrivals: list[tuple[float, int, int]] = []  # (time, worker, step)
-    round_grads: list[np.ndarray] = []
-    round_read: np.ndarray | None = None
-    grid = np.arange(0.0, config.budget + 1e-12, config.eval_interval)
-    curve_loss: list[float] = []
-
-    def push(t: float, kind: int, worker: int) -> None:
-        nonlocal seq
-        heapq.heappush(heap, (t, seq, kind, worker))
-        seq += 1
-
-    def start(i: int, t: float) -> None:
-        read = opt.read()
-        rows = batches[i].next()
-        computing[i] = (problem.gradient(read, rows), version, read)
-        push(t + config.base_time * factors[i] * jitters[i]() + config.comm, _DONE, i)
-
-    def wait(i: int, t: float) -> None:
-        blocked[i] = t
-
-    def try_start(i: int, t: float) -> None:
-        if model.may_start(i, pushed, arrived):
-            start(i, t)
-        else:
-            wait(i, t)
-
-    def release(t: float) -> None:
-        for j in sorted(blocked):
-            if not waiting_own[j] and model.may_start(j, pushed, arrived):
-                blocked_seconds[j] += t - blocked.pop(j)
-                start(j, t)
-
-    def arrive(i: int, t: float) -> None:
-        nonlocal version, updates, dropped, round_read
-        grad, read_version, read, step = inflight[i].popleft()
-        arrived[i] += 1
-        arrivals.append((t, i, step))
-        if bsp:
-            staleness.append(0)  # everyone read the parameters of the round's start
-            round_grads.append(grad)
-            round_read = read
-            if len(round_grads) == n:
-                opt.apply(np.mean(round_grads, axis=0), 0, round_read)
-                version += 1
-                updates += 1
-                round_grads.clear()
-                for j in range(n):
-                    if j in blocked:
-                        blocked_seconds[j] += t - blocked.pop(j)
-                    start(j, t)
-            return
-        tau = version - read_version
-        staleness.append(tau)
-        scale = policy.scale(tau)
-        if scale > 0.0:
-            opt.apply(grad, tau, read, scale)
-            version += 1
-            updates += 1
-        else:
-            dropped += 1
-        if waiting_own[i]:
-            waiting_own[i] = False
-        release(t)
-
-    def done(i: int, t: float) -> None:
-        pushed[i] += 1
-        inflight[i].append((*computing[i], pushed[i]))
-        computing[i] = None
-        at = max(t + delays[i].next(), last_arrival[i])
-        last_arrival[i] = at
-        if bsp or host:
-            wait(i, t)
-            waiting_own[i] = not bsp
-        if at > t:
-            push(at, _ARRIVE, i)
-        else:
-            arrive(i, t)
-        if not bsp and not host:
-            try_start(i, t)
-
-    for i in range(n):
-        start(i, 0.0)
-    g = 0
-    while heap and heap[0][0] <= config.budget:
-        t, _, kind, i = heapq.heappop(heap)
-        while g < grid.size and grid[g] < t:
-            curve_loss.append(problem.loss(opt.weights()))
-            g += 1
-        if kind == _DONE:
-            done(i, t)
-        else:
-            arrive(i, t)
-    while g < grid.size:
-        curve_loss.append(problem.loss(opt.weights()))
-        g += 1
-    for j, since in blocked.items():
-        blocked_seconds[j] += config.budget - since
-    final_loss = problem.loss(opt.weights())
-    result = RunResult(
-        config=config,
-        label=model.label,
-        title=model.title,
-        updates=updates,
-        dropped=dropped,
-        staleness=np.asarray(staleness, dtype=np.int64),
-        arrival_time=np.array([a[0] for a in arrivals], dtype=np.float64),
-        arrival_worker=np.array([a[1] for a in arrivals], dtype=np.int64),
-        arrival_step=np.array([a[2] for a in arrivals], dtype=np.int64),
-        final_loss=final_loss,
-        curve_time=grid,
-        curve_loss=np.asarray(curve_loss),
-        worker_updates=list(arrived),
-        blocked_seconds=blocked_seconds,
-        bound=staleness_bound(model, n, network_delay=delay_samplers is not None and not host),
-    )
+    result = _Simulation(config, model, delay_samplers, problem).run()
     log.debug(
         "simulate %s: %d updates, mean stale %.2f, max stale %d, final loss %.4f",
         result.label,

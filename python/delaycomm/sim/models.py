@@ -12,7 +12,7 @@ it is at most ``s`` applied steps ahead of the slowest worker::
 
 It is spelled ``lead:S``, ``S >= 1`` (with ``S = 0`` no worker could ever
 start). NOTE: not ``ssp:S``: the backend's ``staleness=ssp:S`` is another bound
-(a contribution at most S steps late, see the README), and the simulator refuses
+(a contribution at most S steps late, docs/staleness.md), and the simulator refuses
 that spelling rather than read it as a different rule. Ho et al.'s clock rule
 "a worker at clock c waits until the slowest has reached c - s" is the same
 gate with ``s`` one smaller: lead:S == Ho SSP(S - 1).

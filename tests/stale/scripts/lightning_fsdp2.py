@@ -57,8 +57,8 @@ def main() -> None:
     )
     trainer.fit(Classifier(), DataLoader(data, batch_size=64))
     # NOTE: Lightning leaves the process group alive; delaycomm writes its stats at exit then too
-    # (tests/stats/test_stats_file.py), but a Gloo group never destroyed aborts now and then at teardown (README, "Known
-    # issues"), which would fail torchrun: destroy it, as the README advises.
+    # (tests/stats/test_stats_file.py), but a Gloo group never destroyed aborts now and then at teardown
+    # (docs/known-issues.md), which would fail torchrun: destroy it, as that page advises.
     torch.distributed.destroy_process_group()
 
 

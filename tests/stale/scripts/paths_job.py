@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import time
 
 import torch
 import torch.distributed as dist
@@ -256,6 +257,7 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     os.makedirs(args.out, exist_ok=True)
     for path in args.paths.split(","):
+        t0 = time.perf_counter()
         if path == "metric":
             result = train_metric(rank, world, args.steps)
         elif path in ("tp", "fsdp2", "hsdp", "tp_fsdp2"):
@@ -264,6 +266,8 @@ def main() -> None:
             result = train_ddp(path, rank, world, args.steps)
         result["world"] = world
         torch.save(result, os.path.join(args.out, f"{path}.rank{rank}.pt"))
+        if rank == 0:
+            print(f"path {path}: {time.perf_counter() - t0:.1f} s", flush=True)
     dist.destroy_process_group()
 
 

@@ -3,9 +3,10 @@ created, written when it is destroyed, or at interpreter exit for a group that n
 
 A group's file must be one this process may replace: at creation its directory must exist, a file already there
 must be a regular file of this user that is not read-only (delaycomm never replaces another user's file, nor one
-made read-only), and a probe under the temporary name must be creatable. The write goes through that temporary
-file and ``os.replace``; a write that fails all the same (the path changed since) removes the temporary file and
-says so loudly: a ``RuntimeWarning`` and an error in the log (the group is destroyed regardless).
+made read-only), and a probe file must be creatable beside it. The write goes through the shared JSON writer
+(``delaycomm._tools.output``: a temporary file in the same directory, then ``os.replace``); a write that fails all
+the same (the path changed since) removes the temporary file and says so loudly: a ``RuntimeWarning`` and an error
+in the log (the group is destroyed regardless).
 
 A process that creates a group whose file it already used (a second init/destroy cycle) writes the next
 ``.cycle{C}`` file instead of overwriting the first; a torchrun restart adds ``.restart{N}`` (or fills
@@ -15,7 +16,6 @@ A process that creates a group whose file it already used (a second init/destroy
 from __future__ import annotations
 
 import atexit
-import json
 import logging
 import os
 import stat
@@ -26,6 +26,7 @@ import weakref
 from delaycomm import _registry
 from delaycomm._config import EffectiveConfig, invalid_value, shorten, stats_file
 from delaycomm._stats import group_stats
+from delaycomm._tools.output import check_writable, write_json
 
 logger = logging.getLogger("delaycomm")
 
@@ -99,11 +100,8 @@ def target(cfg: EffectiveConfig, dist_opts, global_ranks: list[int], world: int)
                 f"exists and is read-only (mode {stat.S_IMODE(entry.st_mode):04o}); delaycomm replaces the file "
                 "when the group is destroyed and never replaces a read-only file"
             )
-    probe = _temporary(path)  # the name write() writes first
     try:
-        with open(probe, "x"):
-            pass
-        os.remove(probe)
+        check_writable(path)  # a temporary file beside it, as write() makes first
     except OSError as e:
         raise bad(f"cannot be written ({e.strerror})") from None
     return path, first
@@ -159,26 +157,11 @@ def _write_at_exit() -> None:
             logger.error("delaycomm: could not write the stats of group %r to %s at exit: %s", name, path, e)
 
 
-def _temporary(path: str) -> str:
-    return f"{path}.tmp{os.getpid()}"
-
-
 def write(path: str, group_name: str, backend) -> None:
-    """Write the group's stats as JSON to ``path`` through a temporary file (removed if the write fails).
+    """Write the group's stats as JSON to ``path``, atomically (a failed write leaves no temporary file).
 
     Raises:
         OSError: the file could not be written or put in place.
     """
-    data = group_stats(backend, group_name)
-    tmp = _temporary(path)
-    try:
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.remove(tmp)
-        except OSError:
-            pass
-        raise
+    write_json(path, group_stats(backend, group_name))
     logger.info("delaycomm: wrote stats of group %r to %s", group_name, path)

@@ -43,7 +43,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(const StaleRo
                                                                    at::Tensor& input,
                                                                    const c10d::ReduceScatterOptions& opts) {
   // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
-  // reduce-scatter input afterwards (README, "Bounded staleness").
+  // reduce-scatter input afterwards (docs/staleness.md).
   const auto info = stale_->prepareScaled(input, route.key, route.resultScale, /*scatter=*/true);
   countStale(OpKind::kReduceScatterBase, info);
   c10d::ReduceScatterOptions sumOpts = opts;

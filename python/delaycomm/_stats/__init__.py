@@ -1,4 +1,7 @@
-"""Telemetry of delaycomm groups as dicts, tables and JSON (the numbers come from the native histograms)."""
+"""Telemetry of delaycomm groups as dicts, tables and JSON (the numbers come from the native histograms).
+
+The stats file of each group, from its creation to its write, is :mod:`delaycomm._stats.file`.
+"""
 
 from __future__ import annotations
 

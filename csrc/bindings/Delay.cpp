@@ -1,0 +1,288 @@
+// Delay injection (delay/): specs, samplers, schedules, fit, precise sleep.
+
+#include <chrono>
+#include <cmath>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <c10/util/StringUtil.h>
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include "bindings/Bindings.hpp"
+#include "delay/DelaySpec.hpp"
+#include "delay/Fit.hpp"
+#include "delay/IssuerThread.hpp"
+#include "delay/Sampler.hpp"
+#include "delay/Schedule.hpp"
+#ifdef DELAYCOMM_WITH_CUDA
+#include "delay/GpuDelay.hpp"
+#endif
+
+namespace delaycomm::bindings {
+
+uint64_t checkedUnsigned(int64_t v, const char* method, const char* arg) {
+  if (v < 0) {
+    throw std::invalid_argument(std::string("delaycomm: ") + method + ": " + arg + " must be >= 0, got " +
+                                std::to_string(v));
+  }
+  return static_cast<uint64_t>(v);
+}
+
+namespace {
+
+py::dict samplerDict(const SamplerDescription& s) {
+  py::dict d;
+  d["spec"] = s.spec;
+  d["family"] = s.family;
+  py::dict params;
+  for (const auto& [k, v] : s.parameters) {
+    params[py::str(k)] = v;
+  }
+  d["parameters"] = params;
+  py::dict given;
+  for (const auto& p : s.requested) {
+    given[py::float_(p.q)] = p.seconds;
+  }
+  d["requested_percentiles_s"] = given;
+  if (!s.source.empty()) {
+    d[py::str(s.source + "_path")] = s.sourcePath;
+    d[py::str(s.source + "_digest")] = s.sourceDigest;
+  }
+  if (!s.percentiles.empty()) {
+    py::dict q;
+    for (const auto& [name, seconds] : s.percentiles) {
+      q[py::str(name)] = seconds;
+    }
+    d["percentiles"] = q;
+  }
+  d["mean_s"] = s.mean;
+  d["seed"] = s.seed;
+  d["rank"] = s.rank;
+  return d;
+}
+
+// n consecutive counters of one stream from `start`, as a NumPy array: at(stream, seq) for each, computed without
+// the GIL (samplers and schedules are immutable).
+template <typename T, typename At>
+py::array_t<T> counterRun(int64_t n, int64_t stream, int64_t start, const char* method, At at) {
+  const uint64_t count = checkedUnsigned(n, method, "n");
+  const uint64_t st = checkedUnsigned(stream, method, "stream");
+  const uint64_t first = checkedUnsigned(start, method, "start");
+  py::array_t<T> out(static_cast<py::ssize_t>(count));
+  T* dst = out.mutable_data();
+  {
+    py::gil_scoped_release release;
+    for (uint64_t i = 0; i < count; ++i) {
+      dst[i] = at(st, first + i);
+    }
+  }
+  return out;
+}
+
+// f applied elementwise to a float or an array of floats, each input checked with `check` first.
+template <typename F, typename C>
+py::object mapDoubles(py::object x, F f, C check) {
+  if (py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) {
+    const double v = x.cast<double>();
+    check(v);
+    return py::float_(f(v));
+  }
+  auto in = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
+  if (!in) {
+    throw std::invalid_argument("delaycomm: expected a float or an array of floats");
+  }
+  py::array_t<double> out(in.request().shape);
+  const double* src = in.data();
+  double* dst = out.mutable_data();
+  const auto n = in.size();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    check(src[i]);
+    dst[i] = f(src[i]);
+  }
+  return out;
+}
+
+void bindSampler(py::module_& m) {
+  py::class_<DelaySampler>(m, "DelaySampler", "A delay distribution with counter-based, deterministic draws.")
+      .def(py::init([](const std::string& spec, int64_t seed, int64_t rank) {
+             return DelaySampler(parseDelaySpec(spec), checkedUnsigned(seed, "DelaySampler", "seed"),
+                                 checkedUnsigned(rank, "DelaySampler", "rank"));
+           }),
+           py::arg("spec"), py::arg("seed") = 0, py::arg("rank") = 0)
+      .def(
+          "sample",
+          [](const DelaySampler& s, int64_t stream, int64_t seq) {
+            return s.sample(checkedUnsigned(stream, "DelaySampler.sample", "stream"),
+                            checkedUnsigned(seq, "DelaySampler.sample", "seq"));
+          },
+          py::arg("stream"), py::arg("seq"))
+      .def(
+          "sample_many",
+          [](const DelaySampler& s, int64_t n, int64_t stream, int64_t start) {
+            return counterRun<double>(n, stream, start, "DelaySampler.sample_many",
+                                      [&s](uint64_t st, uint64_t seq) { return s.sample(st, seq); });
+          },
+          py::arg("n"), py::arg("stream") = 0, py::arg("start") = 0)
+      .def(
+          "quantile",
+          [](const DelaySampler& s, py::object q, std::optional<std::string> op, int64_t nbytes) {
+            const CallSize at = callSizeArgument(op, nbytes, "DelaySampler.quantile");
+            return mapDoubles(
+                q, [&s, at](double v) { return s.quantile(v, at); },
+                [](double v) {
+                  if (!(v >= 0.0 && v <= 1.0)) {
+                    throw std::invalid_argument("delaycomm: DelaySampler.quantile: q must be in [0, 1], got " +
+                                                std::to_string(v));
+                  }
+                });
+          },
+          py::arg("q"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
+      .def(
+          "cdf",
+          [](const DelaySampler& s, py::object x) {
+            return mapDoubles(
+                x, [&s](double v) { return s.cdf(v); },
+                [](double v) {
+                  if (std::isnan(v)) {
+                    throw std::invalid_argument("delaycomm: DelaySampler.cdf: x must be a number of seconds, got nan");
+                  }
+                });
+          },
+          py::arg("x"))
+      .def("mean", &DelaySampler::mean)
+      .def("describe", [](const DelaySampler& s) { return samplerDict(describeSampler(s)); })
+      .def_property_readonly("spec", [](const DelaySampler& s) { return s.spec().text; })
+      .def_property_readonly("seed", &DelaySampler::seed)
+      .def_property_readonly("rank", &DelaySampler::rank);
+}
+
+void bindSchedule(py::module_& m) {
+  py::class_<DelaySchedule>(m, "DelaySchedule",
+                            "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
+      .def(py::init(
+               [](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst) {
+                 return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
+                                      std::move(ranks), burst);
+               }),
+           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
+           py::arg("burst") = 0.0)
+      .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
+      .def(
+          "delay_ns",
+          [](const DelaySchedule& s, int64_t rank, uint64_t stream, uint64_t seq, std::optional<std::string> op,
+             int64_t nbytes) {
+            return s.delayNs(rank, stream, seq, callSizeArgument(op, nbytes, "DelaySchedule.delay_ns"));
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("seq"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
+      .def(
+          "delays_ns",
+          [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
+            return counterRun<int64_t>(n, stream, start, "DelaySchedule.delays_ns",
+                                       [&s, rank](uint64_t st, uint64_t seq) { return s.delayNs(rank, st, seq); });
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def(
+          "delayed_many",
+          [](const DelaySchedule& s, int64_t rank, int64_t stream, int64_t start, int64_t n) {
+            return counterRun<bool>(n, stream, start, "DelaySchedule.delayed_many",
+                                    [&s, rank](uint64_t st, uint64_t seq) { return s.delayed(rank, st, seq); });
+          },
+          py::arg("rank"), py::arg("stream"), py::arg("start"), py::arg("n"))
+      .def(
+          "latest",
+          [](const DelaySchedule& s, int64_t stream, int64_t seq, int64_t size, int64_t onlyRank) {
+            const auto l = s.latest(checkedUnsigned(stream, "DelaySchedule.latest", "stream"),
+                                    checkedUnsigned(seq, "DelaySchedule.latest", "seq"), size, onlyRank);
+            return py::make_tuple(l.rank, l.ns, l.quantile);
+          },
+          py::arg("stream"), py::arg("seq"), py::arg("size"), py::arg("only_rank") = -1,
+          "delay_mode=match's view of a call: (latest rank or -1, its delay in ns, its quantile).")
+      .def_static("min_burst", &DelaySchedule::minBurst, py::arg("fraction"),
+                  "The shortest mean burst length at `fraction`: 1 / (1 - fraction) calls.")
+      .def_property_readonly("burst", &DelaySchedule::burst)
+      .def_property_readonly("fraction", &DelaySchedule::fraction)
+      .def_property_readonly("ranks", &DelaySchedule::ranks)
+      .def_property_readonly("active", &DelaySchedule::active)
+      .def_static("key_stream", &DelaySchedule::keyStream, py::arg("key"))
+      .def_readonly_static("LOADER_STREAM", &DelaySchedule::kLoaderStream);
+}
+
+py::dict fitDict(const FitResult& r) {
+  py::dict d;
+  d["spec"] = r.spec;
+  d["family"] = r.family;
+  d["fraction"] = r.fraction;
+  std::vector<std::pair<double, double>> comp, achieved;
+  for (const auto& c : r.component)
+    comp.emplace_back(c.q, c.seconds);
+  for (const auto& a : r.achieved)
+    achieved.emplace_back(a.q, a.seconds);
+  d["component"] = comp;
+  d["achieved"] = achieved;
+  return d;
+}
+
+}  // namespace
+
+void bindDelay(py::module_& m) {
+  m.def(
+      "parse_delay_spec",
+      [](const std::string& text) {
+        std::optional<DelaySampler> sampler;
+        {
+          py::gil_scoped_release release;         // a trace file may be long
+          sampler.emplace(parseDelaySpec(text));  // solving may reject it too
+        }
+        return samplerDict(describeSampler(*sampler));
+      },
+      py::arg("text"),
+      "Parse and solve a delay spec; returns its description, raises ValueError saying what is wrong.");
+  m.def(
+      "parse_duration", [](const std::string& text, const std::string& what) { return parseDuration(text, what); },
+      py::arg("text"), py::arg("what") = "duration", "A duration with a unit (ns, us, ms, s) in seconds.");
+  m.def(
+      "counter_uniforms",
+      [](int64_t seed, int64_t rank, int64_t stream, int64_t seq) {
+        return counterUniforms(
+            checkedUnsigned(seed, "counter_uniforms", "seed"), checkedUnsigned(rank, "counter_uniforms", "rank"),
+            checkedUnsigned(stream, "counter_uniforms", "stream"), checkedUnsigned(seq, "counter_uniforms", "seq"));
+      },
+      py::arg("seed"), py::arg("rank"), py::arg("stream"), py::arg("seq"));
+  m.def("_philox4x32", &philox4x32, py::arg("counter"), py::arg("key"));
+  m.def(
+      "sleep_precise",
+      [](double seconds) {
+        // NOTE: the bound keeps seconds x 1e9 in int64 nanoseconds (llround of more is undefined).
+        if (!(seconds >= 0.0) || !(seconds <= 9.0e9)) {
+          throw std::invalid_argument(
+              c10::str("delaycomm: sleep_precise: seconds must be a number in [0, 9e9], got ", seconds));
+        }
+        py::gil_scoped_release release;
+        sleepForPrecise(std::chrono::nanoseconds(static_cast<int64_t>(std::llround(seconds * 1e9))));
+      },
+      py::arg("seconds"), "Sleep with sub-millisecond precision (coarse sleep, then spin), GIL released.");
+#ifdef DELAYCOMM_WITH_CUDA
+  m.def(
+      "_gpu_sleep",
+      [](int device, int64_t ns) { gpuSleepOnCurrentStream(c10::Device(c10::DeviceType::CUDA, device), ns); },
+      py::arg("device"), py::arg("ns"), "Launch the delay kernel on the device's current stream (tests, bench).");
+#endif
+  m.def(
+      "fit_mixture",
+      [](const std::vector<std::pair<double, double>>& targets, double fraction, const std::string& family) {
+        std::vector<FitTarget> t;
+        for (const auto& [q, x] : targets) {
+          t.push_back({q, x});
+        }
+        return fitDict(fitMixture(t, fraction, family));
+      },
+      py::arg("targets"), py::arg("fraction"), py::arg("family") = "auto");
+  bindSampler(m);
+  bindSchedule(m);
+}
+
+}  // namespace delaycomm::bindings

@@ -1,0 +1,123 @@
+// Telemetry (stats/Telemetry.hpp): the dict of delaycomm.stats() (docs/telemetry.md), and the histogram itself
+// for tests.
+
+#include <memory>
+#include <string>
+
+#include <pybind11/stl.h>
+
+#include "bindings/Bindings.hpp"
+#include "stats/Histogram.hpp"
+
+namespace delaycomm::bindings {
+
+namespace {
+
+py::dict summaryDict(const HistogramSummary& s) {
+  const std::string unit = s.suffix;
+  py::dict d;
+  d["count"] = s.count;
+  d[py::str("mean" + unit)] = s.mean;
+  d[py::str("min" + unit)] = s.min;
+  for (size_t i = 0; i < kSummaryQuantiles.size(); ++i) {
+    d[py::str(kSummaryQuantiles[i].name + unit)] = s.quantiles[i];
+  }
+  d[py::str("max" + unit)] = s.max;
+  return d;
+}
+
+py::dict histogramDict(const HistogramRecord& h) {
+  py::list buckets;
+  for (const auto& [index, count] : h.buckets) {
+    buckets.append(py::make_tuple(index, count));
+  }
+  py::dict d;
+  d["base"] = LogHistogram::kBase;
+  d["unit"] = "ns";
+  d["count"] = h.count;
+  d["zeros"] = h.zeros;
+  d["sum_ns"] = h.sumNs;
+  d["min_ns"] = h.minNs;
+  d["max_ns"] = h.maxNs;
+  d["buckets"] = buckets;
+  return d;
+}
+
+py::dict opDict(const OpTelemetry& op) {
+  py::dict d;
+  d["calls"] = op.calls;
+  d["bytes"] = op.bytes;
+  d["errors"] = op.errors;
+  d["delayed_calls"] = op.delayedCalls;
+  d["untimed"] = op.untimed;
+  d["stale_calls"] = op.staleCalls;
+  d["kept_fresh_calls"] = op.keptFreshCalls;
+  d["latency"] = summaryDict(op.latency);
+  d["delay"] = summaryDict(op.delay);
+  py::list bySize;
+  for (const auto& c : op.bySize) {
+    py::dict size;
+    size["bytes"] = c.bytes;
+    size["calls"] = c.calls;
+    size["latency"] = summaryDict(c.latency);
+    size["histogram"] = histogramDict(c.histogram);
+    bySize.append(size);
+  }
+  d["by_size"] = bySize;
+  py::dict match;
+  match["calls"] = op.matchCalls;
+  match["nothing_added"] = op.matchNothingAdded;
+  match["uncalibrated"] = op.matchUncalibrated;
+  d["match"] = match;
+  return d;
+}
+
+py::dict stalenessDict(const StalenessTelemetry& st) {
+  py::dict d;
+  d["steps"] = st.steps;
+  d["fresh"] = st.fresh;
+  d["stale"] = st.stale;
+  d["dropped"] = st.dropped;
+  d["blocked_ms"] = st.blockedMs;
+  d["stale_fresh_ratio"] = st.staleFreshRatio;
+  d["staleness"] = summaryDict(st.staleness);
+  d["stale_fresh_ratio_windowed"] = st.staleFreshRatioWindowed;
+  d["pending_here"] = st.pendingHere;
+  d["keys"] = st.keys;
+  d["step_ms"] = st.stepMs;
+  d["step_source"] = st.stepSource;
+  d["step_key"] = st.stepKey;
+  d["step_intervals"] = st.stepIntervals;
+  d["step_call"] = st.stepCall;
+  return d;
+}
+
+}  // namespace
+
+py::dict telemetryDict(const GroupTelemetry& t) {
+  py::dict ops;
+  for (const auto& op : t.ops) {
+    ops[op.name] = opDict(op);
+  }
+  py::dict slowdown;
+  slowdown["calls"] = t.slowdown.calls;
+  slowdown["blocked"] = summaryDict(t.slowdown.blocked);
+  py::dict out;
+  out["ops"] = ops;
+  out["staleness"] = stalenessDict(t.staleness);
+  out["slowdown"] = slowdown;
+  return out;
+}
+
+void bindStats(py::module_& m) {
+  py::class_<LogHistogram, std::shared_ptr<LogHistogram>>(m, "_LogHistogram",
+                                                          "The telemetry histogram (exposed for tests).")
+      .def(py::init<>())
+      .def("record", &LogHistogram::record, py::arg("value"))
+      .def(
+          "quantile", [](const LogHistogram& h, double q) { return h.snapshot().quantile(q); }, py::arg("q"))
+      .def("summary", [](const LogHistogram& h) { return summaryDict(summarize(h, kUnitless)); })
+      .def("reset", &LogHistogram::reset);
+}
+
+}  // namespace delaycomm::bindings
