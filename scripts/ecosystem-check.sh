@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs delaycomm with the front ends CI does not install (docs/ecosystem.md). Not part of CI.
-#   scripts/ecosystem-check.sh [--deepspeed-staleness] [BASE_VENV]
-# BASE_VENV: a venv with torch and delaycomm (default: .venv). Makes (once) .venv-ecosystem: BASE_VENV's packages
+#   scripts/ecosystem-check.sh [BASE_VENV] [--deepspeed-staleness | CHECK_ARGS...]
+# BASE_VENV: a venv with torch and delaycomm (default: .venv); CHECK_ARGS go to check.py (--only NAME, --keep DIR). Makes (once) .venv-ecosystem: BASE_VENV's packages
 # plus accelerate, transformers, pytorch-ignite, lightning and deepspeed from the registry, with torch held at
 # BASE_VENV's version (pip would otherwise pull another torch build for them).
 #
@@ -16,12 +16,16 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
+base=$root/.venv
+if [ $# -gt 0 ] && [ "${1#-}" = "$1" ]; then
+  base=$1
+  shift
+fi
 mode=recipes
 if [ "${1:-}" = --deepspeed-staleness ]; then
   mode=staleness
   shift
 fi
-base=${1:-$root/.venv}
 venv=$root/.venv-ecosystem
 if [ ! -x "$venv/bin/python" ]; then
   python3 -m venv "$venv"
@@ -37,7 +41,7 @@ fi
 py=$venv/bin/python
 
 if [ "$mode" = recipes ]; then
-  exec nice "$py" examples/ecosystem/check.py
+  exec nice "$py" examples/ecosystem/check.py "$@"
 fi
 
 out=$(mktemp -d)

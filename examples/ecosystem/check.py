@@ -74,8 +74,9 @@ class Leg:
         return len(self.ranks) == 2 and self.ranks[0]["params"] == self.ranks[1]["params"]
 
     def error(self) -> str:
-        """The first exception line a rank printed (torchrun's own summary aside)."""
-        for line in self.output.splitlines():
+        """The last exception line a rank printed (torchrun's own summary aside): after a restart, the last
+        attempt's."""
+        for line in reversed(self.output.splitlines()):
             line = re.sub(r"^\[rank\d+\]:\s*", "", line.strip())
             if re.match(r"^[\w.]+(Error|Exception): ", line) and not re.search(self.IGNORED, line):
                 return line if len(line) <= 240 else line[:237] + "..."
@@ -94,7 +95,8 @@ def run_leg(recipe: Recipe, backend: str, way: str, out: str, env: dict[str, str
         proc = subprocess.run(cmd, env=base, capture_output=True, text=True, timeout=TIMEOUT_S)
         rc, output = proc.returncode, proc.stdout + proc.stderr
     except subprocess.TimeoutExpired as e:
-        rc, output = 124, f"timed out after {TIMEOUT_S} s\n" + str(e.stdout or "") + str(e.stderr or "")
+        text = [v.decode(errors="replace") if isinstance(v, bytes) else (v or "") for v in (e.stdout, e.stderr)]
+        rc, output = 124, f"timed out after {TIMEOUT_S} s\n" + "".join(text)
     seconds = time.monotonic() - start
     os.makedirs(out, exist_ok=True)
     with open(os.path.join(out, "output.txt"), "w") as f:
