@@ -69,14 +69,17 @@ cuda_prepared() {
 
 stage "set-up: venv, torch $torch_cpu, build" scripts/setup.sh
 # Lint and format (pyproject.toml's [tool.ruff], .clang-format; the versions pinned by the `lint` extra): the tree
-# passes all three, and scripts/lint.sh --fix makes a change pass them.
+# passes all three, and scripts/lint.sh --fix makes a change pass them. Then no function over 110 lines, and the
+# docs' links, result files and README length (docs/ci.md, "Lint"), which need a person to fix.
 lint() {
   "$root/.venv/bin/ruff" check --no-cache "$root" &&
     "$root/.venv/bin/ruff" format --check --no-cache "$root" &&
     git ls-files -z 'csrc/*.cpp' 'csrc/*.hpp' 'csrc/*.h' 'csrc/*.cu' 'csrc/*.cuh' |
-    xargs -0 "$root/.venv/bin/clang-format" --dry-run --Werror
+    xargs -0 "$root/.venv/bin/clang-format" --dry-run --Werror &&
+    "$py" scripts/function_length.py &&
+    "$py" scripts/check_docs.py
 }
-stage "lint: ruff check, ruff format --check, clang-format --dry-run" lint
+stage "lint: ruff, clang-format, function length, docs" lint
 # One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting), on
 # two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
