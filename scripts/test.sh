@@ -13,7 +13,7 @@
 #   --cuda                        also run the CUDA compile check (scripts/cuda-check.sh; about 230 CPU seconds,
 #                                 which a 2-core machine cannot hide: docs/ci.md, "The CUDA compile check");
 #                                 DELAYCOMM_CUDA_CHECK=1 does the same
-#   DELAYCOMM_TEST_WORKERS=N      pytest workers of the test stage (default 2; 0: one process)
+#   DELAYCOMM_TEST_WORKERS=N      pytest workers of the test stage (default 4; 0: one process)
 set -euo pipefail
 slow=0 cuda=${DELAYCOMM_CUDA_CHECK:-0}
 for arg in "$@"; do
@@ -86,11 +86,11 @@ lint() {
 }
 stage "lint: ruff, clang-format, function length, docs" lint
 # One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting), on
-# two workers (pytest-xdist): most tests wait on ranks, sleeps or timeouts, so one process leaves a core idle.
+# four workers on two cores (pytest-xdist): most tests wait on ranks, sleeps or timeouts (docs/ci.md, "Stages").
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
 # ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
 # The tests marked slow run with --slow only (docs/ci.md, "The default run and --slow").
-workers=${DELAYCOMM_TEST_WORKERS:-2}
+workers=${DELAYCOMM_TEST_WORKERS:-4}
 unset_script_knobs
 if [ $slow = 1 ]; then
   selection=() what="all tests, slow ones included"
