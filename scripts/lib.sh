@@ -65,6 +65,6 @@ stage_summary() {
 # DELAYCOMM_* variable it does not know (a typo would otherwise be ignored), so the tests, tools and gates these
 # scripts run must not see them: call this after the last use of a knob, before running Python.
 unset_script_knobs() {
-  unset DELAYCOMM_BUILD_ARGS DELAYCOMM_BUILD_DIR DELAYCOMM_CUDA_VENV DELAYCOMM_NO_BUILD DELAYCOMM_SKIP_CUDA_CHECK \
+  unset DELAYCOMM_BUILD_ARGS DELAYCOMM_BUILD_DIR DELAYCOMM_CUDA_VENV DELAYCOMM_NO_BUILD DELAYCOMM_CUDA_CHECK \
     DELAYCOMM_TEST_WORKERS
 }

@@ -1,24 +1,27 @@
 #!/usr/bin/env bash
-# The whole test suite from nothing, as CI runs it (.ci/run): set-up, the tests and the benchmark suite as a smoke
-# test, (where nvcc is present) the proof that the CUDA sources compile against a CUDA build of torch, and the
-# performance gate. Each stage prints its wall-clock and CPU seconds; docs/ci.md says what each costs and why.
+# The whole test suite from nothing, as CI runs it (.ci/run): set-up, lint, the tests and the benchmark suite as a
+# smoke test, and the performance gate; with --cuda also (where nvcc is present) the proof that the CUDA sources
+# compile against a CUDA build of torch. Each stage prints its wall-clock and CPU seconds; docs/ci.md says what
+# each costs and why.
 #
-# On a 2-core machine the stages overlap where they can: the CUDA check (its venv with a 5.5 GB torch, the build,
-# the import and its few tests) runs in the background, at low priority, while the CPU build and the tests run; the
-# gate runs last, on a quiet machine.
-#   scripts/test.sh [--slow]
+# The gate runs last, on a quiet machine. With --cuda, the CUDA check (its venv with a 5.5 GB torch, the build,
+# the import and its few tests) runs in the background, at low priority, while the CPU build and the tests run.
+#   scripts/test.sh [--slow] [--cuda]
 #   --slow                        also run the tests marked slow (pytest -m slow: torchrun runs of the acceptance
 #                                 scripts, long soak tests); the default run deselects them, and docs/ci.md lists
 #                                 each one and the default-run test that covers its feature
-#   DELAYCOMM_SKIP_CUDA_CHECK=1   skip the CUDA compile check
+#   --cuda                        also run the CUDA compile check (scripts/cuda-check.sh; about 230 CPU seconds,
+#                                 which a 2-core machine cannot hide: docs/ci.md, "The CUDA compile check");
+#                                 DELAYCOMM_CUDA_CHECK=1 does the same
 #   DELAYCOMM_TEST_WORKERS=N      pytest workers of the test stage (default 2; 0: one process)
 set -euo pipefail
-slow=0
+slow=0 cuda=${DELAYCOMM_CUDA_CHECK:-0}
 for arg in "$@"; do
   case "$arg" in
     --slow) slow=1 ;;
+    --cuda) cuda=1 ;;
     -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
-    *) echo "scripts/test.sh: unknown argument '$arg'; expected --slow" >&2; exit 2 ;;
+    *) echo "scripts/test.sh: unknown argument '$arg'; expected --slow or --cuda" >&2; exit 2 ;;
   esac
 done
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,7 +45,9 @@ finish() {
   return $rc
 }
 trap finish EXIT
-if [ "${DELAYCOMM_SKIP_CUDA_CHECK:-0}" != 1 ] && command -v "${CUDACXX:-nvcc}" >/dev/null; then
+if [ "$cuda" = 1 ] && ! command -v "${CUDACXX:-nvcc}" >/dev/null; then
+  echo "# CUDA compile check skipped: no nvcc on PATH"
+elif [ "$cuda" = 1 ]; then
   echo "# CUDA compile check: venv, build, import and tests started in the background (log: build/cuda-check.log)"
   # NOTE: the second half (import the CUDA build, run a few CPU tests against it) follows the build in the
   # background too: it needs nothing of the foreground's, and at nice 10 it takes what the test workers leave.

@@ -238,7 +238,7 @@ def _cli(argv, module="delaycomm.bench"):
 @pytest.mark.timeout(90)
 def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
     # The command line's main in this process; its launcher (--nproc) spawns the ranks as fresh interpreters.
-    # (`python -m delaycomm.bench` itself runs in test_runs_under_torchrun.)
+    # (`python -m delaycomm.bench` itself runs in test_runs_under_torchrun, with --slow.)
     out, png = tmp_path / "run.json", tmp_path / "run.png"
     status = main(
         [
@@ -281,6 +281,7 @@ def test_cli_spawns_ranks_writes_json_and_plot(tmp_path, capsys):
     assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(90)
 def test_runs_under_torchrun(tmp_path):
     out = tmp_path / "torchrun.json"
