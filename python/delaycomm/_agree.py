@@ -7,15 +7,20 @@ the same ``ValueError`` naming each differing option with each rank's value. A r
 rejected publishes that error, so the others fail at once with it instead of waiting. Every wait is bounded by
 the group's timeout and ends in ``torch.distributed.DistStoreError`` naming the ranks that did not answer.
 
-Keys live under ``delaycomm/config/`` of the group's store (torch gives each group its own prefix). A
-generation number drawn from a counter keeps a re-created group that reuses the store (a re-init under torchrun's
-agent store) away from the keys of the group before it; the last rank through removes the generation's keys.
+Keys live under ``delaycomm/config/<attempt>/`` of the group's store (torch gives each group its own prefix;
+``<attempt>`` is torchrun's ``TORCHELASTIC_RESTART_COUNT``, 0 outside torchrun). A restarted attempt can share the
+store with the attempt before it (torchrun's agent store), so it never reads that attempt's keys. A generation
+number drawn from a counter keeps a re-created group that reuses the store (a re-init in the same attempt) away
+from the keys of the group before it; the last rank through removes the generation's keys. :func:`agree` returns
+``<attempt>.<generation>``, the same on every rank once they agree, for the group's other keys (its inner Gloo's
+rendezvous, the staleness agreement): stale keys there would pair a rank with a peer that no longer exists.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import time
 from datetime import timedelta
 from typing import Any
@@ -130,7 +135,7 @@ def agree(
     global_ranks: list[int],
     cfg: EffectiveConfig | None,
     error: ValueError | None,
-) -> None:
+) -> str:
     """Check with the other ranks of the group that the options which must match do; raise on every rank if not.
 
     Args:
@@ -142,14 +147,20 @@ def agree(
         cfg: this rank's effective options (None when ``error`` is set).
         error: the ValueError that rejected this rank's options, or None.
 
+    Returns:
+        This creation's generation, ``<attempt>.<n>``: the same on every rank of the group, and never one that an
+        earlier creation over the same store (this attempt's or an earlier attempt's) used; ``<attempt>.0`` for a
+        group of one rank, which has no peer to pair with.
+
     Raises:
         ValueError: this rank's ``error``; another rank's rejected options; options that differ across ranks.
         torch.distributed.DistStoreError: a rank did not answer within ``timeout``.
     """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if size == 1:  # nothing to compare with
         if error is not None:
             raise error
-        return
+        return f"{attempt}.0"  # no peer to read stale keys from
     payload: dict[str, Any] = {}
     if error is None:
         try:
@@ -162,7 +173,7 @@ def agree(
     if error is not None:
         payload = {"error": str(error), "digest": ""}
     deadline = time.monotonic() + timeout.total_seconds()  # one timeout for the whole exchange
-    s = dist.PrefixStore(_PREFIX, store)
+    s = dist.PrefixStore(f"{_PREFIX}{attempt}/", store)
     gen = (s.add("arrivals", 1) - 1) // size
     keys = [f"{gen}/{r}" for r in range(size)]
     s.set(keys[rank], json.dumps(payload))
@@ -208,7 +219,7 @@ def agree(
             except Exception:  # noqa: BLE001 - a store without delete_key keeps a few hundred bytes
                 pass
     if not failed:
-        return
+        return f"{attempt}.{gen}"
     if rank == 0:
         wait([f"{gen}/released"], "read the options")
     if error is not None:

@@ -62,7 +62,10 @@ def create_backend(dist_opts, pg_options):
         stats = statsfile.target(cfg, dist_opts, members, world)
     except ValueError as e:
         error = e
-    agree(store, rank, size, timeout, group_name, members, cfg, error)
+    generation = agree(store, rank, size, timeout, group_name, members, cfg, error)
+    # This creation's own keys: a restarted attempt (or a re-created group) that shares the store never reads an
+    # earlier one's Gloo addresses or staleness records (docs/ecosystem.md, "torchrun restarts").
+    store = dist.PrefixStore(f"delaycomm/{generation}/", store)
 
     gloo = dist.ProcessGroupGloo(dist.PrefixStore("delaycomm/gloo/", store), rank, size, timeout)
     nccl = _nccl.make_group(store, rank, size, timeout, dist_opts, cfg)
