@@ -34,6 +34,9 @@ CONTEXT_METHODS = {"Process", "Pool"}
 ALLOWED = {
     ("backend/test_agreement.py", "os.fork"): "each attempt's rank is a job's process, forked inside a run_procs "
     "rank (rank 0 hosting the store, as mp.spawn and hand-started env:// jobs do)",
+    ("backend/test_restart.py", "os.fork"): "each attempt's worker is a process of its own, forked inside a run_procs "
+    "rank that plays torchrun's agent (the store outlives the attempts); the worker's waits are bounded by its "
+    "group's and its store's timeouts",
 }
 
 
