@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.harness import run_procs
+from tests.harness import run_in_child, run_procs
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -408,34 +408,23 @@ def _attempt(rank, world, seed):
     return ("created", None, time.monotonic() - t0)
 
 
+def _attempt_on(port, rank, world, seed):
+    os.environ["MASTER_PORT"] = str(port)  # the job's own store, hosted by its rank 0
+    return _attempt(rank, world, seed)
+
+
 def _store_on_rank0(rank, world, ports):
     """Per attempt, a job as mp.spawn or a hand-started env:// job runs it: rank 0 hosts the TCPStore, one rank's
     seed differs (each rank in turn; invalid on the last attempts), and each rank is a process that exits as soon
     as init_process_group raises, rank 0's store with it. Each attempt's rank is a child forked from this rank
     (torch already imported, no thread started), so 22 jobs cost seconds."""
-    import json
-
     out = []
     for i, port in enumerate(ports):
         odd = i % world
         rejected = i >= len(ports) - REJECTED_ATTEMPTS
         seed = ("-1" if rejected else "7") if rank == odd else "3"
-        read, write = os.pipe()
-        pid = os.fork()
-        if pid == 0:  # the job's rank
-            os.close(read)
-            os.environ["MASTER_PORT"] = str(port)
-            try:
-                result = _attempt(rank, world, seed)
-            except BaseException as e:  # noqa: BLE001 - reported, never raised in the child
-                result = ("child failed", repr(e), 0.0)
-            os.write(write, json.dumps(result).encode())
-            os._exit(0)
-        os.close(write)
-        with os.fdopen(read) as f:
-            text = f.read()
-        os.waitpid(pid, 0)
-        out.append(tuple(json.loads(text)) if text else ("no report", None, 0.0))
+        result = run_in_child(_attempt_on, port, rank, world, seed, default=("no report", None, 0.0))
+        out.append(tuple(result) if isinstance(result, list) else ("child failed", result, 0.0))
     return out
 
 

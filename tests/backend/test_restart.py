@@ -10,7 +10,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.harness import run_cli, run_procs
+from tests.harness import run_cli, run_in_child, run_procs
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -36,25 +36,6 @@ def _worker(rank, world, attempt, timeout_s):
     return t.tolist()
 
 
-def _in_child(fn, *args):
-    """Run fn(*args) in a forked child (torch imported, no thread started) and return what it returned."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:
-        os.close(read)
-        try:
-            result = fn(*args)
-        except BaseException as e:  # noqa: BLE001 - reported, never raised in the child
-            result = f"child failed: {e!r}"
-        os.write(write, json.dumps(result).encode())
-        os._exit(0)
-    os.close(write)
-    with os.fdopen(read) as f:
-        text = f.read()
-    os.waitpid(pid, 0)
-    return json.loads(text) if text else "no report"
-
-
 def _restart_on_a_shared_store(rank, world):
     """The store outlives the attempts (the harness hosts it, as torchrun's agent does). Attempt 0: rank 0's worker
     creates the group, rank 1's dies before it does (rank 0's times out, its keys stay in the store). Attempt 1:
@@ -62,10 +43,10 @@ def _restart_on_a_shared_store(rank, world):
     import torch.distributed as dist
 
     agent = dist.TCPStore("127.0.0.1", int(os.environ["MASTER_PORT"]), world, False, timeout=timedelta(seconds=60))
-    out = [_in_child(_worker, rank, world, 0, 2) if rank == 0 else "absent"]
+    out = [run_in_child(_worker, rank, world, 0, 2) if rank == 0 else "absent"]
     agent.set(f"test/attempt0/{rank}", "1")
     agent.wait([f"test/attempt0/{r}" for r in range(world)])
-    out.append(_in_child(_worker, rank, world, 1, 15))
+    out.append(run_in_child(_worker, rank, world, 1, 15))
     return out
 
 

@@ -25,7 +25,16 @@ from typing import Any
 
 from delaycomm._tools.launch import Outcome, RankError, describe_exit, run_ranks
 
-__all__ = ["run_procs", "run_cli", "run_command", "CommandTimeout", "free_port", "start_fork_server", "PRELOAD"]
+__all__ = [
+    "run_procs",
+    "run_in_child",
+    "run_cli",
+    "run_command",
+    "CommandTimeout",
+    "free_port",
+    "start_fork_server",
+    "PRELOAD",
+]
 
 # What the fork server imports once. NOTE: DDP and FSDP import torch._dynamo and friends the first time they are
 # used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
@@ -170,6 +179,34 @@ def _problem(rank: int, out: Outcome, expect_exit: dict[int, int]) -> str | None
     if code != 0:
         return f"--- rank {rank}: reported a result but {describe_exit(code)}"
     return None
+
+
+def run_in_child(fn: Callable[..., Any], *args: Any, default: Any = "no report") -> Any:
+    """Inside a rank of :func:`run_procs`: run ``fn(*args)`` in a child forked from the rank, and return what it
+    returned (JSON round trip), or ``default`` when the child died without a report.
+
+    For a job whose own processes are the subject (a rank that exits as soon as its group creation raises, a
+    torchrun attempt's worker): the child is a process of its own, with torch already imported and no thread
+    started. Its waits must be bounded by its own timeouts (its group's, its store's); the rank's deadline bounds
+    the rank. An exception in the child is reported as ``"child failed: <repr>"``, never raised there.
+    """
+    import json
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(read)
+        try:
+            result = fn(*args)
+        except BaseException as e:  # noqa: BLE001 - reported, never raised in the child
+            result = f"child failed: {e!r}"
+        os.write(write, json.dumps(result).encode())
+        os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        text = f.read()
+    os.waitpid(pid, 0)
+    return json.loads(text) if text else default
 
 
 def free_port() -> int:

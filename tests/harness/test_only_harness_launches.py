@@ -1,4 +1,5 @@
-"""Tests launch processes through the harness only (tests/harness: run_procs, run_cli, run_command), so that every
+"""Tests launch processes through the harness only (tests/harness: run_procs, run_in_child, run_cli,
+run_command), so that every
 process a test starts has a timeout, is killed with what it started, and reports its outcome.
 
 Read from the source (the syntax tree, so comments and strings don't count): a call of a process-launching function
@@ -29,15 +30,6 @@ LAUNCHERS = {
 PREFIXES = {"os": ("exec", "spawn")}  # os.execv..., os.spawnl...
 # Any object's .Process(...) / .Pool(...): a multiprocessing context's (get_context("spawn").Process).
 CONTEXT_METHODS = {"Process", "Pool"}
-
-# (path under tests/, call): why it may launch. Each is the behaviour under test, inside a rank run_procs bounds.
-ALLOWED = {
-    ("backend/test_agreement.py", "os.fork"): "each attempt's rank is a job's process, forked inside a run_procs "
-    "rank (rank 0 hosting the store, as mp.spawn and hand-started env:// jobs do)",
-    ("backend/test_restart.py", "os.fork"): "each attempt's worker is a process of its own, forked inside a run_procs "
-    "rank that plays torchrun's agent (the store outlives the attempts); the worker's waits are bounded by its "
-    "group's and its store's timeouts",
-}
 
 
 def _aliases(tree: ast.AST) -> dict[str, str]:
@@ -102,10 +94,10 @@ def test_no_test_launches_a_process_outside_the_harness():
     found = []
     for path in _test_sources():
         rel = os.path.relpath(path, TESTS)
-        found += [f"tests/{rel}:{line}: {call}" for line, call in offenders(path) if (rel, call) not in ALLOWED]
+        found += [f"tests/{rel}:{line}: {call}" for line, call in offenders(path)]
     assert not found, (
-        "launch processes through tests/harness (run_procs, run_cli, run_command: each has a timeout and kills what "
-        "the process started), not directly:\n" + "\n".join(found)
+        "launch processes through tests/harness (run_procs, run_in_child, run_cli, run_command: each is bounded and "
+        "reports its outcome), not directly:\n" + "\n".join(found)
     )
 
 

@@ -1,4 +1,4 @@
-"""Staleness as a user gets it: unmodified DDP scripts started as torchrun starts them (tests/stale/user_job.py:
+"""Staleness as a user gets it: unmodified DDP scripts started as torchrun starts them (tests/harness/user_job.py:
 the example under torchrun itself; the other scripts in ranks forked that way in the default run, and under
 torchrun with scripts/test.sh --slow), configured only through DELAYCOMM_*.
 
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stale.user_job import LAUNCHERS, run_user_job
+from tests.harness.user_job import LAUNCHERS, run_user_job
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -33,7 +33,7 @@ USER_ENV = {
 
 
 def _job(launcher: str, script: Path, args: list[str], env: dict[str, str], tmp_path: Path, timeout: float = 240):
-    """``script`` on 2 ranks (tests/stale/user_job.py: torchrun, or ranks forked as torchrun starts them), with
+    """``script`` on 2 ranks (tests/harness/user_job.py: torchrun, or ranks forked as torchrun starts them), with
     ``env`` and a stats file (DELAYCOMM_STATS) under ``tmp_path``."""
     env = {**env, "DELAYCOMM_STATS": str(tmp_path / "stats.json")}
     return run_user_job(launcher, script, args, env, tmp_path, timeout=timeout)

@@ -1,6 +1,6 @@
 """Staleness under FSDP2 as a user gets it: unmodified FSDP2 scripts started as torchrun starts them
 (examples/train_fsdp2.py, and PyTorch Lightning's ModelParallelStrategy when Lightning is installed; in ranks forked
-that way in the default run, under torchrun itself with scripts/test.sh --slow: tests/stale/user_job.py),
+that way in the default run, under torchrun itself with scripts/test.sh --slow: tests/harness/user_job.py),
 configured only through DELAYCOMM_* (step_ms=auto, the scope keys of docs/staleness.md, stale_policy=ema).
 
 Asserts, from every rank's stats file, that FSDP2's reduce-scatters went stale (>= 5% of contributions late, the
@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.harness.user_job import LAUNCHERS
 from tests.stale.test_acceptance import USER_ENV, _check_staleness, _job, _stats
-from tests.stale.user_job import LAUNCHERS
 
 pytestmark = [pytest.mark.multiproc]
 

@@ -1,7 +1,7 @@
 """Which reductions go stale, on the ecosystem's paths, as a user gets it (docs/staleness.md, "Which reductions go
 stale"): unmodified training jobs (tests/stale/scripts/paths_job.py) started as torchrun starts them (the two-rank
 paths in ranks forked that way in the default run; under torchrun itself, and the four-rank meshes, with
-scripts/test.sh --slow: tests/stale/user_job.py), configured only through DELAYCOMM_* (step_ms=auto), each path
+scripts/test.sh --slow: tests/harness/user_job.py), configured only through DELAYCOMM_* (step_ms=auto), each path
 run under bsp and under ssp:2 with stale_policy=apply, same delay, fraction and seed. For every path and rank, from
 the stats each path's own process group left:
 
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.stale.user_job import LAUNCHERS, run_user_job
+from tests.harness.user_job import LAUNCHERS, run_user_job
 
 pytestmark = [pytest.mark.multiproc]
 

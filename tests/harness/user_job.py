@@ -1,4 +1,4 @@
-"""A user's unmodified training script, run as torchrun runs it, two ways (tests/stale's acceptance tests):
+"""A user's unmodified training script, run as torchrun runs it, two ways (the acceptance tests of tests/stale):
 
 - ``"forked"`` (the default run): each rank is forked from the harness's fork server (:func:`tests.harness.run_procs`:
   torch and the training stack imported once) and runs the script file as ``__main__`` (``runpy``), with the
