@@ -498,7 +498,7 @@ def test_ranks_are_global_in_the_native_options_of_a_subgroup():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _fill_delay_options(n, cfg, rank, timedelta(seconds=30), members, every_rank=every_rank)
-        return n.delay_ranks, n.delay_fraction, n.slowdown, n.seed
+        return n.delay.ranks, n.delay.fraction, n.delay.slowdown, n.delay.seed
 
     assert native(1, [2, 3]) == ([1], 0.3, 2.0, group_seed(5, [2, 3]))  # global 3 is group rank 1
     assert native(0, [1, 2]) == ([], 0.0, 1.0, group_seed(5, [1, 2]))  # no member named: no delay at all

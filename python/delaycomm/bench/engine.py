@@ -121,18 +121,19 @@ def _injected_delays(backends: tuple[Backend, ...], groups: dict, plan) -> list[
     return out
 
 
-def _profile_targets(backends: tuple[Backend, ...], plan, elsize: int, n: int) -> list[dict[str, Any]]:
+def _profile_targets(backends: tuple[Backend, ...], groups: dict, plan, elsize: int, n: int) -> list[dict[str, Any]]:
     """Per delaycomm backend replaying a profile (delay profile:FILE) and per (collective, size): the profile's p50
-    and p99 for the call as delaycomm classes it (its op, its input bytes), read through the native sampler
-    (docs/profile.md)."""
-    from delaycomm import _C
+    and p99 for the call as delaycomm classes it (its op, its input bytes), read from the parsed spec the group
+    replays (docs/profile.md): the profile file is not read again."""
+    from delaycomm import _registry
 
     out = []
     for b in backends:
-        text = str(b.options.get("delay", "none"))
-        if not b.is_delaycomm or not text.strip().lower().startswith("profile:"):
+        if not b.is_delaycomm:
             continue
-        sampler = _C.DelaySampler(text)
+        sampler = _registry.config_of(groups[b.label]).delay.spec
+        if sampler.family != "profile":
+            continue
         for spec, count in plan:
             nbytes = spec.buffer_counts(count, n)[0] * elsize
             q50, q99 = (sampler.quantile(q, op=spec.stats_op, nbytes=nbytes) * 1e6 for q in (0.5, 0.99))
@@ -288,7 +289,7 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
     injected = _injected_delays(backends, groups, plan)
     if rank != 0:
         return {}
-    targets = _profile_targets(backends, plan, elsize, n)
+    targets = _profile_targets(backends, groups, plan, elsize, n)
     rows = []
     for pi, (spec, count) in enumerate(plan):
         for bi, b in enumerate(backends):
