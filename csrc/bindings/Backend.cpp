@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <c10/util/Logging.h>
 #include <pybind11/chrono.h>
@@ -165,10 +166,16 @@ void bindOptions(py::module_& m) {
           },
           [](DelayOptions& o, std::shared_ptr<DelayDistribution> spec) { o.spec = std::move(spec); },
           "The parsed delay spec (delaycomm._C.DelaySpec); None: no delay.");
-  // Every other field by its row in delay/DelayOptions.hpp.
+  // Every other field by its row in delay/DelayOptions.hpp, and the names of all (DelayOptions.fields, spec
+  // first): delaycomm._config's option table names the field of each delay option, and
+  // tests/backend/test_config.py checks that the two name the same fields.
 #define DELAYCOMM_BIND_DELAY_OPTION(type, name, init, doc) delay.def_readwrite(#name, &DelayOptions::name, doc);
   DELAYCOMM_DELAY_OPTION_FIELDS(DELAYCOMM_BIND_DELAY_OPTION)
 #undef DELAYCOMM_BIND_DELAY_OPTION
+#define DELAYCOMM_DELAY_OPTION_NAME(type, name, init, doc) #name,
+  const std::vector<std::string> fields{"spec", DELAYCOMM_DELAY_OPTION_FIELDS(DELAYCOMM_DELAY_OPTION_NAME)};
+#undef DELAYCOMM_DELAY_OPTION_NAME
+  delay.attr("fields") = py::tuple(py::cast(fields));
 
   py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())

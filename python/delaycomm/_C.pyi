@@ -73,18 +73,19 @@ class StalenessOptions:
     def __init__(self) -> None: ...
 
 class DelayOptions:
-    """csrc/delay/DelayOptions.hpp: one field per row there; filled by delaycomm._backend from the option table."""
+    """csrc/delay/DelayOptions.hpp: ``spec``, and one field per row of ``DELAYCOMM_DELAY_OPTION_FIELDS`` there,
+    bound by its name (``help(DelayOptions)`` shows each with its doc). ``fields`` names them all, spec
+    first; delaycomm._backend sets each by the name its option's row in ``delaycomm._config.OPTIONS`` gives
+    (``tests/backend/test_config.py`` checks that the two name the same fields)."""
 
+    fields: ClassVar[tuple[str, ...]]
     spec: DelaySpec | None
-    fraction: float
-    ranks: list[int]
-    ops: list[OpKind]
-    where: DelayWhere
-    mode: DelayMode
-    burst: float
-    seed: int
-    slowdown: float
     def __init__(self) -> None: ...
+    # NOTE: the rows' fields are not copied here (docs/core.md, "Options": a new delay option is four files, and a
+    # hand-kept copy of the rows would drift unchecked); their types are the rows' (float, list[int], list[OpKind],
+    # DelayWhere, DelayMode, int).
+    def __getattr__(self, name: str) -> Any: ...
+    def __setattr__(self, name: str, value: Any) -> None: ...
 
 class BackendOptions:
     timeout: timedelta
