@@ -308,7 +308,7 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
     return {
         "rows": rows,
         "skipped": skipped,
-        "backends": _backend_info(backends),
+        "backends": _backend_info(backends, groups),
         "injected_delay": injected,
         **({"profile_targets": targets} if targets else {}),
     }
@@ -331,15 +331,15 @@ def _check(spec, settings: Settings, groups: dict, rank: int, n: int, count: int
     return total.tolist()
 
 
-def _backend_info(backends: tuple[Backend, ...]) -> list[dict[str, Any]]:
-    """Each backend with, for delaycomm, its effective configuration (every option, resolved)."""
+def _backend_info(backends: tuple[Backend, ...], groups: dict) -> list[dict[str, Any]]:
+    """Each backend with, for delaycomm, its effective configuration (every option, resolved): the one its group was
+    created with (a trace or profile file is not read again)."""
+    from delaycomm import _registry
+
     info = []
     for b in backends:
         entry = {"label": b.label, "name": b.name, "options": dict(b.options)}
         if b.is_delaycomm:
-            import delaycomm
-
-            cfg = delaycomm.resolve(delaycomm.DelayConfig(**b.options))
-            entry["config"] = jsonable(cfg.as_dict())
+            entry["config"] = jsonable(_registry.config_of(groups[b.label]).as_dict())
         info.append(entry)
     return info
