@@ -21,18 +21,9 @@ DelayBackend::DelayBackend(int rank, int size, c10::intrusive_ptr<c10d::Backend>
       options_(std::move(options)),
       stats_(std::make_shared<GroupStats>()) {
   TORCH_CHECK_VALUE(cpuInner_ || cudaInner_, "delaycomm: DelayBackend needs at least one inner backend");
-  DelayInjector::Options delay;
-  delay.delay = options_.delay;
-  delay.fraction = options_.delayFraction;
-  delay.ranks = options_.delayRanks;
-  delay.ops = options_.delayOps;
-  delay.where = options_.delayWhere;
-  delay.mode = options_.delayMode;
-  delay.burst = options_.delayBurst;
+  DelayOptions delay = options_.delay;
   delay.size = size;
-  delay.seed = options_.seed;
-  delay.slowdown = options_.slowdown;
-  delay.timeout = options_.timeout;
+  delay.timeout = options_.timeout;  // bounds every wait of the injector (docs/delay.md, "Timeouts and teardown")
   delay.groupName = options_.groupName;
   injector_ = std::make_unique<DelayInjector>(rank, std::move(delay), static_cast<bool>(cpuInner_), stats_);
   fastPath_ = !injector_->engaged();

@@ -33,17 +33,9 @@ struct BackendOptions {
   std::string groupName;
   bool timeCuda = true;  // record CUDA events around GPU collectives (no host sync; harvested lazily)
 
-  // Delay injection (docs/delay.md; delay/DelayInjector.hpp). `delay` is a spec (delay/DelaySpec.hpp); "none"
-  // disables it.
-  std::string delay = "none";
-  double delayFraction = 0.0;                    // per-call Bernoulli probability, in [0, 1]
-  std::vector<int64_t> delayRanks;               // delayed ranks; empty = all
-  std::vector<OpKind> delayOps;                  // delayed ops (delayable ones, ops/OpTable.hpp); empty = all
-  DelayWhere delayWhere = DelayWhere::kNetwork;  // host: the caller blocks; network: the op is held back
-  DelayMode delayMode = DelayMode::kAdd;         // match: only what the call needs on top (docs/delay.md)
-  double delayBurst = 0.0;                       // mean burst length in calls; 0 = independent draws
-  uint64_t seed = 0;
-  double slowdown = 1.0;  // this rank's compute slowdown factor K (>= 1; 1 = none)
+  // Delay injection (docs/delay.md; delay/DelayOptions.hpp): the parsed spec and how it is applied. Its size,
+  // timeout and group name are the group's (above).
+  DelayOptions delay;
 
   // Staleness (docs/staleness.md; stale/StalenessEngine.hpp): mode bsp leaves the engine off. Its timeout and
   // group name are the group's (above).

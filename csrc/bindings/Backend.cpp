@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <c10/util/Logging.h>
 #include <pybind11/chrono.h>
@@ -156,20 +157,32 @@ void bindOptions(py::module_& m) {
       .def_readwrite("step_ms", &StalenessOptions::stepMs)
       .def_readwrite("max_pending", &StalenessOptions::maxPending);
 
+  py::class_<DelayOptions> delay(m, "DelayOptions", "The delay injector's typed, validated settings.");
+  delay.def(py::init<>())
+      .def_property(
+          "spec",
+          [](const DelayOptions& o) -> py::object {
+            return o.spec ? py::cast(std::const_pointer_cast<DelayDistribution>(o.spec)) : py::none();
+          },
+          [](DelayOptions& o, std::shared_ptr<DelayDistribution> spec) { o.spec = std::move(spec); },
+          "The parsed delay spec (delaycomm._C.DelaySpec); None: no delay.");
+  // Every other field by its row in delay/DelayOptions.hpp, and the names of all (DelayOptions.fields, spec
+  // first): delaycomm._config's option table names the field of each delay option, and
+  // tests/backend/test_config.py checks that the two name the same fields.
+#define DELAYCOMM_BIND_DELAY_OPTION(type, name, init, doc) delay.def_readwrite(#name, &DelayOptions::name, doc);
+  DELAYCOMM_DELAY_OPTION_FIELDS(DELAYCOMM_BIND_DELAY_OPTION)
+#undef DELAYCOMM_BIND_DELAY_OPTION
+#define DELAYCOMM_DELAY_OPTION_NAME(type, name, init, doc) #name,
+  const std::vector<std::string> fields{"spec", DELAYCOMM_DELAY_OPTION_FIELDS(DELAYCOMM_DELAY_OPTION_NAME)};
+#undef DELAYCOMM_DELAY_OPTION_NAME
+  delay.attr("fields") = py::tuple(py::cast(fields));
+
   py::class_<BackendOptions>(m, "BackendOptions", "A DelayBackend's typed, validated settings (see _backend.py).")
       .def(py::init<>())
       .def_readwrite("timeout", &BackendOptions::timeout)
       .def_readwrite("group_name", &BackendOptions::groupName)
       .def_readwrite("time_cuda", &BackendOptions::timeCuda)
       .def_readwrite("delay", &BackendOptions::delay)
-      .def_readwrite("delay_fraction", &BackendOptions::delayFraction)
-      .def_readwrite("delay_ranks", &BackendOptions::delayRanks)
-      .def_readwrite("delay_ops", &BackendOptions::delayOps)
-      .def_readwrite("delay_where", &BackendOptions::delayWhere)
-      .def_readwrite("delay_mode", &BackendOptions::delayMode)
-      .def_readwrite("delay_burst", &BackendOptions::delayBurst)
-      .def_readwrite("seed", &BackendOptions::seed)
-      .def_readwrite("slowdown", &BackendOptions::slowdown)
       .def_readwrite("stale", &BackendOptions::stale)
       .def_readwrite("store", &BackendOptions::store);
 }

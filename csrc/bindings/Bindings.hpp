@@ -8,9 +8,12 @@
 // into this module (the holder type of c10d classes is c10::intrusive_ptr, declared by torch/csrc/utils/pybind.h).
 
 #include <cstdint>
+#include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 
+#include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
 #include "delay/Sampler.hpp"
@@ -24,7 +27,8 @@ namespace py = pybind11;
 void bindOps(py::module_& m);      // Ops.cpp: the op table
 void bindOptions(py::module_& m);  // Backend.cpp: the typed options
 void bindBackend(py::module_& m);  // Backend.cpp: DelayBackend
-void bindDelay(py::module_& m);    // Delay.cpp: specs, samplers, schedules, fit, precise sleep
+void bindSpec(py::module_& m);     // Spec.cpp: the parsed delay spec (_C.DelaySpec), profiles, trace lines
+void bindDelay(py::module_& m);    // Delay.cpp: samplers, schedules, fit, precise sleep
 void bindStats(py::module_& m);    // Stats.cpp: the telemetry histogram
 void bindKernels(py::module_& m);  // Kernels.cpp: the fused blend
 void bindStale(py::module_& m);    // Stale.cpp: FSDP2 scope keys, DDP hook scopes
@@ -39,5 +43,38 @@ OpKind opArgument(const std::string& op, const char* method);
 // The call an optional op name and a size describe (a profile's (op, size class)), or "delaycomm: METHOD: unknown
 // op 'NAME'".
 CallSize callSizeArgument(const std::optional<std::string>& op, int64_t nbytes, const char* method);
+
+// The parsed spec of a DelaySpec, or of a str (parsed by delaycomm._spec, the one parser, which reads a file the
+// spec names); else "delaycomm: METHOD: spec must be ...".
+std::shared_ptr<const DelayDistribution> specArgument(const py::handle& spec, const char* method);
+// d's quantile (cdf) at a float or an array of them, each checked ("delaycomm: METHOD: q must be in [0, 1]").
+py::object quantileOf(const DelayDistribution& d, py::object q, const std::optional<std::string>& op, int64_t nbytes,
+                      const char* method);
+py::object cdfOf(const DelayDistribution& d, py::object x, const char* method);
+// A sampler's description (describe(), parse_delay_spec()) as a dict (Delay.cpp).
+py::dict samplerDict(const SamplerDescription& s);
+
+// f applied elementwise to a float or an array of floats, each input checked with `check` first.
+template <typename F, typename C>
+inline py::object mapDoubles(py::object x, F f, C check) {
+  if (py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) {
+    const double v = x.cast<double>();
+    check(v);
+    return py::float_(f(v));
+  }
+  auto in = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
+  if (!in) {
+    throw std::invalid_argument("delaycomm: expected a float or an array of floats");
+  }
+  py::array_t<double> out(in.request().shape);
+  const double* src = in.data();
+  double* dst = out.mutable_data();
+  const auto n = in.size();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    check(src[i]);
+    dst[i] = f(src[i]);
+  }
+  return out;
+}
 
 }  // namespace delaycomm::bindings

@@ -32,8 +32,6 @@ uint64_t checkedUnsigned(int64_t v, const char* method, const char* arg) {
   return static_cast<uint64_t>(v);
 }
 
-namespace {
-
 py::dict samplerDict(const SamplerDescription& s) {
   py::dict d;
   d["spec"] = s.spec;
@@ -65,6 +63,8 @@ py::dict samplerDict(const SamplerDescription& s) {
   return d;
 }
 
+namespace {
+
 // n consecutive counters of one stream from `start`, as a NumPy array: at(stream, seq) for each, computed without
 // the GIL (samplers and schedules are immutable).
 template <typename T, typename At>
@@ -83,33 +83,10 @@ py::array_t<T> counterRun(int64_t n, int64_t stream, int64_t start, const char* 
   return out;
 }
 
-// f applied elementwise to a float or an array of floats, each input checked with `check` first.
-template <typename F, typename C>
-py::object mapDoubles(py::object x, F f, C check) {
-  if (py::isinstance<py::float_>(x) || py::isinstance<py::int_>(x)) {
-    const double v = x.cast<double>();
-    check(v);
-    return py::float_(f(v));
-  }
-  auto in = py::array_t<double, py::array::c_style | py::array::forcecast>::ensure(x);
-  if (!in) {
-    throw std::invalid_argument("delaycomm: expected a float or an array of floats");
-  }
-  py::array_t<double> out(in.request().shape);
-  const double* src = in.data();
-  double* dst = out.mutable_data();
-  const auto n = in.size();
-  for (py::ssize_t i = 0; i < n; ++i) {
-    check(src[i]);
-    dst[i] = f(src[i]);
-  }
-  return out;
-}
-
 void bindSampler(py::module_& m) {
   py::class_<DelaySampler>(m, "DelaySampler", "A delay distribution with counter-based, deterministic draws.")
-      .def(py::init([](const std::string& spec, int64_t seed, int64_t rank) {
-             return DelaySampler(parseDelaySpec(spec), checkedUnsigned(seed, "DelaySampler", "seed"),
+      .def(py::init([](const py::object& spec, int64_t seed, int64_t rank) {
+             return DelaySampler(specArgument(spec, "DelaySampler"), checkedUnsigned(seed, "DelaySampler", "seed"),
                                  checkedUnsigned(rank, "DelaySampler", "rank"));
            }),
            py::arg("spec"), py::arg("seed") = 0, py::arg("rank") = 0)
@@ -130,32 +107,19 @@ void bindSampler(py::module_& m) {
       .def(
           "quantile",
           [](const DelaySampler& s, py::object q, std::optional<std::string> op, int64_t nbytes) {
-            const CallSize at = callSizeArgument(op, nbytes, "DelaySampler.quantile");
-            return mapDoubles(
-                q, [&s, at](double v) { return s.quantile(v, at); },
-                [](double v) {
-                  if (!(v >= 0.0 && v <= 1.0)) {
-                    throw std::invalid_argument("delaycomm: DelaySampler.quantile: q must be in [0, 1], got " +
-                                                std::to_string(v));
-                  }
-                });
+            return quantileOf(s.distribution(), std::move(q), op, nbytes, "DelaySampler.quantile");
           },
           py::arg("q"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
       .def(
           "cdf",
-          [](const DelaySampler& s, py::object x) {
-            return mapDoubles(
-                x, [&s](double v) { return s.cdf(v); },
-                [](double v) {
-                  if (std::isnan(v)) {
-                    throw std::invalid_argument("delaycomm: DelaySampler.cdf: x must be a number of seconds, got nan");
-                  }
-                });
-          },
+          [](const DelaySampler& s, py::object x) { return cdfOf(s.distribution(), std::move(x), "DelaySampler.cdf"); },
           py::arg("x"))
       .def("mean", &DelaySampler::mean)
       .def("describe", [](const DelaySampler& s) { return samplerDict(describeSampler(s)); })
       .def_property_readonly("spec", [](const DelaySampler& s) { return s.spec().text; })
+      .def_property_readonly(
+          "delay_spec", [](const DelaySampler& s) { return std::const_pointer_cast<DelayDistribution>(s.shared()); },
+          "The parsed spec (delaycomm._C.DelaySpec) the draws come from.")
       .def_property_readonly("seed", &DelaySampler::seed)
       .def_property_readonly("rank", &DelaySampler::rank);
 }
@@ -163,13 +127,13 @@ void bindSampler(py::module_& m) {
 void bindSchedule(py::module_& m) {
   py::class_<DelaySchedule>(m, "DelaySchedule",
                             "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
-      .def(py::init(
-               [](const std::string& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst) {
-                 return DelaySchedule(parseDelaySpec(spec), fraction, checkedUnsigned(seed, "DelaySchedule", "seed"),
-                                      std::move(ranks), burst);
-               }),
-           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
-           py::arg("burst") = 0.0)
+      .def(
+          py::init([](const py::object& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst) {
+            return DelaySchedule(specArgument(spec, "DelaySchedule"), fraction,
+                                 checkedUnsigned(seed, "DelaySchedule", "seed"), std::move(ranks), burst);
+          }),
+          py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
+          py::arg("burst") = 0.0)
       .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
       .def(
           "delay_ns",
@@ -231,13 +195,9 @@ py::dict fitDict(const FitResult& r) {
 void bindDelay(py::module_& m) {
   m.def(
       "parse_delay_spec",
-      [](const std::string& text) {
-        std::optional<DelaySampler> sampler;
-        {
-          py::gil_scoped_release release;         // a trace file may be long
-          sampler.emplace(parseDelaySpec(text));  // solving may reject it too
-        }
-        return samplerDict(describeSampler(*sampler));
+      [](const py::object& text) {
+        // The spec is parsed (and a file it names read) by delaycomm._spec, the one parser, then solved.
+        return samplerDict(describeSampler(DelaySampler(specArgument(text, "parse_delay_spec"))));
       },
       py::arg("text"),
       "Parse and solve a delay spec; returns its description, raises ValueError saying what is wrong.");

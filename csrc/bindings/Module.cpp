@@ -20,6 +20,7 @@ PYBIND11_MODULE(_C, m) {
   );
 
   bindings::bindOps(m);
+  bindings::bindSpec(m);  // before the options that hold a spec
   bindings::bindOptions(m);
   bindings::bindBackend(m);
   bindings::bindDelay(m);

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/Bindings.hpp"
+#include "delay/Text.hpp"
 #include "ops/OpTable.hpp"
 
 namespace delaycomm::bindings {

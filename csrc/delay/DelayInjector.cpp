@@ -7,7 +7,6 @@
 #include <c10/util/Exception.h>
 
 #include "delay/DeferredWork.hpp"
-#include "delay/DelaySpec.hpp"
 #include "delay/DelayTimeout.hpp"
 #include "delay/Units.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
@@ -30,15 +29,9 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     : rank_(rank), options_(std::move(options)), stats_(std::move(stats)), timeoutMs_(options_.timeout.count()) {
   TORCH_INTERNAL_ASSERT(options_.slowdown >= 1.0, "delaycomm: DelayInjector: slowdown must be >= 1, got ",
                         options_.slowdown);
-  DelaySpec spec;
-  try {
-    spec = parseDelaySpec(options_.delay);
-  } catch (const std::invalid_argument& e) {
-    TORCH_CHECK_VALUE(false, e.what());  // a trace file may have changed since Python read it
-  }
-  if (!spec.isNone() && options_.fraction > 0.0) {
+  if (options_.spec && !options_.spec->isNone() && options_.fraction > 0.0) {
     try {
-      schedule_ = std::make_unique<DelaySchedule>(std::move(spec), options_.fraction, options_.seed, options_.ranks,
+      schedule_ = std::make_unique<DelaySchedule>(options_.spec, options_.fraction, options_.seed, options_.ranks,
                                                   options_.burst);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());

@@ -12,6 +12,7 @@
 #include <c10/core/Device.h>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 
+#include "delay/DelayOptions.hpp"
 #include "delay/IssuerThread.hpp"
 #include "delay/LocalLatency.hpp"
 #include "delay/Schedule.hpp"
@@ -22,6 +23,8 @@ namespace delaycomm {
 // Delay injection of one group (docs/delay.md; docs/core.md): the delay schedule, the compute slowdown, the host
 // delay, the CPU issuer thread and the GPU sleep kernel, behind one entry point, run(). The backend's front
 // (backend/DelayBackend.hpp) calls it for every op when engaged() and skips it otherwise.
+//
+// Options: DelayOptions (delay/DelayOptions.hpp): the parsed spec, never its text.
 //
 // What run() does with op `seq` of kind k on rank r (delay d = schedule().delayNs(r, k, seq) when delay_ops
 // selects k; under delay_mode=match, d = matchDelayNs(): see there):
@@ -36,28 +39,9 @@ namespace delaycomm {
 // delay/DelayTimeout.hpp) or when the group closes (raises: the op was not issued).
 //
 // Threads: run() from any thread (c10d's callers); close() and abort() from any thread, the issuer's included.
-// delay_where: where a delay is paid (docs/delay.md).
-enum class DelayWhere { kNetwork, kHost };
-// delay_mode: add (a call's injected delay is the schedule's) or match (docs/delay.md, "Match mode").
-enum class DelayMode { kAdd, kMatch };
-
 class DelayInjector {
  public:
-  // Validated by the caller (Python's delaycomm._config, then BackendOptions).
-  struct Options {
-    std::string delay = "none";  // a delay spec (delay/DelaySpec.hpp)
-    double fraction = 0.0;       // per-call Bernoulli probability
-    std::vector<int64_t> ranks;  // delayed ranks; empty = all
-    std::vector<OpKind> ops;     // delayed ops; empty = every delayable op
-    DelayWhere where = DelayWhere::kNetwork;
-    DelayMode mode = DelayMode::kAdd;
-    double burst = 0.0;  // mean burst length in calls; 0 = independent draws (delay/Schedule.hpp)
-    int size = 1;        // the group's size (match mode computes every rank's delay of a call)
-    uint64_t seed = 0;
-    double slowdown = 1.0;                                        // this rank's compute slowdown K (>= 1)
-    std::chrono::milliseconds timeout{std::chrono::minutes(30)};  // the initial timeout()
-    std::string groupName;
-  };
+  using Options = DelayOptions;  // validated by the caller (delaycomm._config, then BackendOptions)
 
   // One op as the front hands it over.
   struct Op {

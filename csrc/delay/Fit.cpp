@@ -94,7 +94,7 @@ FitResult fitMixture(const std::vector<FitTarget>& targetsIn, double f, const st
     r.component = comp;
     r.spec = specText(fam, comp);
     try {
-      DelaySampler sampler(parseDelaySpec(r.spec));
+      DelaySampler sampler(DelayDistribution::parse(r.spec));
       for (const auto& t : targets) {
         const double qc = 1.0 - (1.0 - t.q) / f;
         r.achieved.push_back({t.q, qc > 0.0 ? sampler.quantile(qc) : 0.0});

@@ -12,9 +12,33 @@
 
 namespace delaycomm {
 
+// One (op, size class) of a profile as Python hands it over (delaycomm/profile.py reads the file with Python's json
+// and checks it against the schema, docs/profile.md; this is its numbers, in arrays).
+struct ProfileClass {
+  OpKind op{};
+  int64_t bytes = 0;  // the class's smallest size: 0 or a power of two
+  uint64_t count = 0;
+  uint64_t zeros = 0;
+  double minNs = 0.0;
+  double maxNs = 0.0;
+  std::vector<int> bucketIndex;       // increasing, in [0, LogHistogram::kBuckets)
+  std::vector<uint64_t> bucketCount;  // >= 1 each; zeros + their sum = count
+};
+
+// What a profile says about one of its classes (per-class metadata for Python: calls, the range).
+struct ProfileClassInfo {
+  OpKind op{};
+  int64_t bytes = 0;
+  uint64_t count = 0;
+  uint64_t zeros = 0;
+  double minNs = 0.0;
+  double maxNs = 0.0;
+};
+
 // A latency profile (delay spec profile:FILE; the schema is docs/profile.md): per op and size class, the latency
-// histogram its calls experienced, as `python -m delaycomm profile` writes it. This is the one parser and
-// validator of profile files: Python reads a file's metadata only after loadProfile() accepted it.
+// histogram its calls experienced, as `python -m delaycomm profile` writes it. Files are read and checked in
+// Python, once (delaycomm.profile: the one schema check, whose messages name the file and the field); this holds
+// the numbers and draws from them.
 //
 // Draws: quantile(u, op, bytes) is the quantile function of the call's (op, size class) distribution, each
 // bucket spread geometrically between its bounds and clipped to the class's min and max. A size class the op
@@ -47,11 +71,13 @@ class DelayProfile {
   uint64_t calls() const { return all_.count; }
   int ops() const;
   int classes() const;
+  // Every (op, size class), in OpKind order, then by size.
+  std::vector<ProfileClassInfo> classInfo() const;
 
-  // Loads and validates `path` (a regular file of at most kMaxTraceBytes). Errors: std::invalid_argument,
-  // "profile file 'PATH' field FIELD: WHY (expected ...)" or "profile file 'PATH' is not JSON: line L column C:
-  // WHY", without the "delaycomm: " prefix (the caller wraps it, as for trace files).
-  static std::shared_ptr<const DelayProfile> load(const std::string& path);
+  // The profile of `classes` (each (op, size class) once), checked by Python's schema check already: a class
+  // that breaks an invariant the draws rely on is std::invalid_argument ("delaycomm: DelayProfile: ..."), never a
+  // user's message.
+  static std::shared_ptr<const DelayProfile> fromClasses(const std::vector<ProfileClass>& classes);
 
  private:
   struct OpDists {

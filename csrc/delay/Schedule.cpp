@@ -25,8 +25,12 @@ double DelaySchedule::minBurst(double fraction) {
   return fraction >= 1.0 ? std::numeric_limits<double>::infinity() : 1.0 / (1.0 - fraction);
 }
 
-DelaySchedule::DelaySchedule(DelaySpec spec, double fraction, uint64_t seed, std::vector<int64_t> ranks, double burst)
-    : sampler_(std::move(spec), seed, 0), fraction_(fraction), seed_(seed), ranks_(std::move(ranks)) {
+DelaySchedule::DelaySchedule(std::shared_ptr<const DelayDistribution> distribution, double fraction, uint64_t seed,
+                             std::vector<int64_t> ranks, double burst)
+    : sampler_(std::move(distribution), seed, 0), fraction_(fraction), seed_(seed), ranks_(std::move(ranks)) {
+  if (!sampler_.shared()) {
+    throw std::invalid_argument("delaycomm: DelaySchedule: needs a parsed delay spec, got none");
+  }
   if (!(fraction >= 0.0 && fraction <= 1.0)) {
     throw std::invalid_argument("delaycomm: DelaySchedule: fraction must be in [0, 1], got " +
                                 std::to_string(fraction));

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "delay/Sampler.hpp"
@@ -38,7 +39,9 @@ class DelaySchedule {
 
   // fraction in [0, 1]; ranks: the delayed ranks, empty = all; burst: the mean burst length in calls, 0 = calls
   // are delayed independently, else >= minBurst(fraction) (std::invalid_argument otherwise).
-  DelaySchedule(DelaySpec spec, double fraction, uint64_t seed, std::vector<int64_t> ranks, double burst = 0.0);
+  // distribution: the parsed spec (never null; a none spec makes the schedule inactive).
+  DelaySchedule(std::shared_ptr<const DelayDistribution> distribution, double fraction, uint64_t seed,
+                std::vector<int64_t> ranks, double burst = 0.0);
 
   // Whether rank's call (stream, seq) is delayed (the rank is targeted, and its draw or its burst state says so).
   bool delayed(int64_t rank, uint64_t stream, uint64_t seq) const;

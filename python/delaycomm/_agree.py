@@ -27,7 +27,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from delaycomm._config import OPTIONS, EffectiveConfig, format_value, shorten
+from delaycomm._config import OPTIONS, Delay, EffectiveConfig, format_value, parse_delay, shorten
 
 __all__ = ["agree", "canonical_options"]
 
@@ -35,20 +35,15 @@ _PREFIX = "delaycomm/config/"
 EXEMPT = tuple(o.name for o in OPTIONS if not o.must_match)
 
 
-def _delay_key(text: str) -> tuple[str, str]:
+def _delay_key(value: str) -> tuple[str, str]:
     """The delay distribution as a key (its solved parameters; a trace or a profile by content), and how to show
-    it."""
-    from delaycomm import _C
-
-    d = _C.parse_delay_spec(text)
-    if d["family"] == "trace":
-        digest = d["trace_digest"]
-        return json.dumps(["trace", digest]), f"{text} (content {digest})"
-    if d["family"] == "profile":
-        digest = d["profile_digest"]
-        return json.dumps(["profile", digest]), f"{text} (content {digest})"
-    params = {k: f"{v:.12g}" for k, v in sorted(d["parameters"].items())}
-    return json.dumps([d["family"], params]), text
+    it. ``value``: the option's value (``_config.Delay``: its parsed spec, read once when the option was), or a
+    spec's text (parsed here)."""
+    spec = value.spec if isinstance(value, Delay) else parse_delay(value).spec
+    if spec.digest is not None:  # trace:FILE, profile:FILE: the content, not the path
+        return json.dumps([spec.family, spec.digest]), f"{value} (content {spec.digest})"
+    params = {k: f"{v:.12g}" for k, v in sorted(spec.describe()["parameters"].items())}
+    return json.dumps([spec.family, params]), str(value)
 
 
 def canonical_options(cfg: EffectiveConfig, members: list[int]) -> dict[str, dict[str, str]]:
@@ -164,7 +159,7 @@ def agree(
     payload: dict[str, Any] = {}
     if error is None:
         try:
-            options = canonical_options(cfg, global_ranks)  # reads a trace file again: it may have changed since
+            options = canonical_options(cfg, global_ranks)  # the parsed spec: its file is not read again
         except ValueError as e:
             error = e
         else:

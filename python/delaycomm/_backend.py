@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import warnings
 from datetime import timedelta
@@ -11,14 +9,14 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ddp, _nccl, _ops, _registry
+from delaycomm import _C, _ddp, _nccl, _registry
 from delaycomm._agree import agree
-from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve
+from delaycomm._config import OPTIONS, EffectiveConfig, GroupView, format_value, group_seed, invalid_value, resolve
 from delaycomm._stats import file as statsfile
 
 logger = logging.getLogger("delaycomm")
 
-__all__ = ["create_backend", "register"]
+__all__ = ["create_backend", "register", "group_seed"]
 
 
 def register() -> None:
@@ -94,8 +92,6 @@ def create_backend(dist_opts, pg_options):
 
 _STALENESS = {"bsp": _C.Staleness.BSP, "ssp": _C.Staleness.SSP, "asp": _C.Staleness.ASP}
 _STALE_POLICY = {"ema": _C.StalePolicy.EMA, "apply": _C.StalePolicy.APPLY, "drop": _C.StalePolicy.DROP}
-_DELAY_WHERE = {"network": _C.DelayWhere.NETWORK, "host": _C.DelayWhere.HOST}
-_DELAY_MODE = {"add": _C.DelayMode.ADD, "match": _C.DelayMode.MATCH}
 
 
 def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
@@ -118,34 +114,22 @@ def _fill_delay_options(
     members: list[int] | None = None,
     every_rank: bool = True,
 ) -> None:
-    """Copy the delay options (validated by _config) into the native BackendOptions, typed; warn when the tail
-    reaches the group's timeout.
+    """Fill the native delay options (``native.delay``, a ``DelayOptions``) from the option table: each delay
+    option names its field and its value there (``_config.Native``); warn when the tail reaches the group's timeout.
 
     ``delay_ranks`` and ``slowdown`` name global ranks (docs/config.md, "Ranks"); ``members`` are the group's
     global ranks (None: the default group, whose ranks are global), so the native options get the group ranks of
     the members named, and this rank's own slowdown. A group that is not every rank of the job in order draws its
     schedule from the seed mixed with its members: two disjoint subgroups with one seed do not delay in lockstep.
     """
-    members = list(members) if members is not None else None
-    native.delay = cfg.delay
-    native.delay_fraction = cfg.delay_fraction if cfg.delay != "none" else 0.0
-    if cfg.delay_ranks is None or members is None:
-        native.delay_ranks = list(cfg.delay_ranks) if cfg.delay_ranks is not None else []
-    else:
-        delayed = [i for i, r in enumerate(members) if r in cfg.delay_ranks]
-        # The native list names group ranks, empty = all: no member named means no delay in this group.
-        native.delay_ranks = [] if len(delayed) == len(members) else delayed
-        if not delayed:
-            native.delay_fraction = 0.0
-    native.delay_ops = [_ops.BY_NAME[name].kind for name in cfg.delay_ops] if cfg.delay_ops is not None else []
-    native.delay_where = _DELAY_WHERE[cfg.delay_where]
-    native.delay_mode = _DELAY_MODE[cfg.delay_mode]
-    native.delay_burst = cfg.delay_burst if cfg.delay_burst is not None else 0.0
-    native.seed = cfg.seed if every_rank or members is None else group_seed(cfg.seed, members)
-    native.slowdown = dict(cfg.slowdown).get(members[rank] if members is not None else rank, 1.0)
-    if cfg.delay == "none" or native.delay_fraction == 0.0:
+    group = GroupView(rank, tuple(members) if members is not None else None, every_rank)
+    delay = native.delay
+    for opt in OPTIONS:
+        if opt.native is not None:
+            setattr(delay, opt.native.field, opt.native.value(cfg.values, group))
+    if delay.spec.is_none or delay.fraction == 0.0:
         return
-    p9999 = _C.DelaySampler(cfg.delay).quantile(0.9999)
+    p9999 = delay.spec.quantile(0.9999)  # the parsed spec: its file is not read again
     if p9999 > timeout.total_seconds():
         warnings.warn(
             f"delaycomm: the delay {cfg.delay!r} has a P99.99 of {p9999:.3f} s, longer than the group's timeout of "
@@ -154,13 +138,6 @@ def _fill_delay_options(
             RuntimeWarning,
             stacklevel=3,
         )
-
-
-def group_seed(seed: int, members: list[int]) -> int:
-    """The seed of a group that is not every rank of the job: ``seed`` mixed with the group's global ranks
-    (SHA-256, 63 bits), the same on every member (docs/config.md, "Ranks")."""
-    digest = hashlib.sha256(json.dumps([seed, sorted(members)]).encode()).digest()
-    return int.from_bytes(digest[:8], "little") >> 1
 
 
 def _check_group_config(cfg: EffectiveConfig, world: int, has_nccl: bool) -> None:

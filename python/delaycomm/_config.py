@@ -10,6 +10,8 @@ every accepted value fits the native type it becomes (docs/config.md names each 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import math
 import os
 import re
@@ -29,6 +31,9 @@ __all__ = [
     "format_value",
     "stats_file",
     "parse_delay",
+    "Delay",
+    "GroupView",
+    "group_seed",
     "OPTIONS",
     "DELAYABLE_OPS",
 ]
@@ -113,24 +118,41 @@ def _rank(v: Any, accepted: str) -> int:
     return v
 
 
-def _parse_delay(v: Any) -> str:
-    from delaycomm import _C
+class Delay(str):
+    """A canonical ``delay`` value: the spec's text, stripped (``'none'`` for none, off and 0), as shown and agreed,
+    with ``spec``, the spec parsed once (``delaycomm._C.DelaySpec``: its distribution solved, a trace's or a
+    profile's file read once and kept, its content digest). Everything after the option check reads ``spec``."""
+
+    spec: Any
+
+    def __new__(cls, text: str, spec: Any) -> Delay:
+        self = super().__new__(cls, text)
+        self.spec = spec
+        return self
+
+    def __reduce__(self):  # type: ignore[override]
+        # A native handle does not pickle: the value is parsed again where it is unpickled (its file read there).
+        return (parse_delay, (str(self),))
+
+
+def _parse_delay(v: Any) -> Delay:
+    from delaycomm import _spec
 
     accepted = "a delay spec such as 'exp:p99=400ms' or 'none' (see `python -m delaycomm config --help`)"
     if not isinstance(v, str):
         raise _Invalid(accepted)
     text = v.strip()
     if text.lower() in ("none", "off", "0"):
-        return "none"
+        text = "none"
     try:
-        _C.parse_delay_spec(text)
+        spec = _spec.parse(text)
     except ValueError as e:
         raise _Invalid(None, delay_spec_error(str(e))) from None
-    return text
+    return Delay(text, spec)
 
 
-def parse_delay(v: Any) -> str:
-    """A delay spec checked by the native parser: ``none`` (for ``none``, ``off``, ``0``) or the spec, stripped.
+def parse_delay(v: Any) -> Delay:
+    """A delay spec, parsed: ``none`` (for ``none``, ``off``, ``0``) or the spec, stripped, with its parsed ``spec``.
 
     Raises:
         ValueError: what is wrong, as the option's message says it after the option's name (what is accepted, or
@@ -422,15 +444,87 @@ def stats_file(
 
 
 @dataclasses.dataclass(frozen=True)
+class GroupView:
+    """What a group's native options depend on besides the option values (docs/config.md, "Ranks").
+
+    Attributes:
+        rank: this rank in the group.
+        members: the group's global ranks (None: the default group, whose ranks are global).
+        every_rank: the group is every rank of the job, in order (it keeps ``seed`` as given).
+    """
+
+    rank: int
+    members: tuple[int, ...] | None = None
+    every_rank: bool = True
+
+    @property
+    def global_rank(self) -> int:
+        return self.members[self.rank] if self.members is not None else self.rank
+
+    def group_ranks(self, ranks: tuple[int, ...] | None) -> list[int]:
+        """The group ranks of the members that global ``ranks`` name, for a native rank list (empty: all)."""
+        if ranks is None or self.members is None:
+            return list(ranks) if ranks is not None else []
+        named = [i for i, r in enumerate(self.members) if r in ranks]
+        return [] if len(named) == len(self.members) else named
+
+    def names_a_member(self, ranks: tuple[int, ...] | None) -> bool:
+        return ranks is None or self.members is None or any(r in ranks for r in self.members)
+
+
+def group_seed(seed: int, members: Iterable[int]) -> int:
+    """The seed of a group that is not every rank of the job: ``seed`` mixed with the group's global ranks
+    (SHA-256, 63 bits), the same on every member (docs/config.md, "Ranks")."""
+    digest = hashlib.sha256(json.dumps([seed, sorted(members)]).encode()).digest()
+    return int.from_bytes(digest[:8], "little") >> 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Native:
+    """Where an option goes in the native delay options (``DelayOptions``, csrc/delay/DelayOptions.hpp): the field,
+    and its value there, from the resolved values and the group (:class:`GroupView`)."""
+
+    field: str
+    value: Callable[[Mapping[str, Any], GroupView], Any]
+
+
+def _enum(kind: str, name: str) -> Callable[[Mapping[str, Any], GroupView], Any]:
+    """An option whose value is a member of the native enum ``kind`` (DelayWhere, DelayMode), by name."""
+
+    def value(values: Mapping[str, Any], group: GroupView) -> Any:
+        from delaycomm import _C
+
+        return getattr(_C, kind).__members__[values[name].upper()]
+
+    return value
+
+
+def _native_fraction(values: Mapping[str, Any], group: GroupView) -> float:
+    # No delay, or no member of this group named by delay_ranks: nothing is delayed in this group.
+    if values["delay"] == "none" or not group.names_a_member(values["delay_ranks"]):
+        return 0.0
+    return values["delay_fraction"]
+
+
+def _native_seed(values: Mapping[str, Any], group: GroupView) -> int:
+    # Two disjoint subgroups with one seed must not delay in lockstep (docs/config.md, "Ranks").
+    if group.every_rank or group.members is None:
+        return values["seed"]
+    return group_seed(values["seed"], group.members)
+
+
+@dataclasses.dataclass(frozen=True)
 class Option:
-    """One option: its name, parser, default (a raw value, parsed like any other), description, and whether every
-    rank of a group must give it the same value (checked when the group is created; docs/config.md)."""
+    """One option: its name, parser, default (a raw value, parsed like any other), description, whether every rank
+    of a group must give it the same value (checked when the group is created; docs/config.md), and, for the delay
+    options, where its value goes in the native options (:class:`Native`)."""
 
     name: str
     parse: Callable[[Any], Any]
     default: Any
     help: str
     must_match: bool = True
+    native: Native | None = None
 
     @property
     def env(self) -> str:
@@ -444,20 +538,35 @@ OPTIONS: tuple[Option, ...] = (
         "none",
         "delay distribution: exp:p99=400ms, exp:mean=400ms, lognormal:p50=60ms,p99=400ms, "
         "pareto:p50=..,p99=.., const:50ms, trace:FILE, profile:FILE (docs/profile.md), none",
+        native=Native("spec", lambda v, g: v["delay"].spec),
     ),
     Option(
         "delay_fraction",
         _parse_float(0.0, 1.0, False, False),
         None,
         "fraction of calls that are delayed, in [0, 1] (0.3 when a delay is set; 1 for profile:FILE)",
+        native=Native("fraction", _native_fraction),
     ),
-    Option("delay_ranks", _parse_ranks, "all", "ranks that are delayed: all, or a list such as 0 or 0,3"),
-    Option("delay_ops", _parse_ops, "all", "collectives that are delayed: all, or a list such as allreduce,broadcast"),
+    Option(
+        "delay_ranks",
+        _parse_ranks,
+        "all",
+        "ranks that are delayed: all, or a list such as 0 or 0,3",
+        native=Native("ranks", lambda v, g: g.group_ranks(v["delay_ranks"])),
+    ),
+    Option(
+        "delay_ops",
+        _parse_ops,
+        "all",
+        "collectives that are delayed: all, or a list such as allreduce,broadcast",
+        native=Native("ops", lambda v, g: [_ops.BY_NAME[n].kind for n in v["delay_ops"] or ()]),
+    ),
     Option(
         "delay_where",
         _parse_choice("network", "host"),
         "network",
         "network: the op's completion is delayed (the caller goes on); host: the calling thread blocks",
+        native=Native("where", _enum("DelayWhere", "delay_where")),
     ),
     Option(
         "delay_mode",
@@ -465,6 +574,7 @@ OPTIONS: tuple[Option, ...] = (
         "add",
         "add: the delay is added to the op's own latency; match: only what the call needs on top of this "
         "machine's own latency is added, so that the call's latency follows the distribution (docs/delay.md)",
+        native=Native("mode", _enum("DelayMode", "delay_mode")),
     ),
     Option(
         "delay_burst",
@@ -472,18 +582,21 @@ OPTIONS: tuple[Option, ...] = (
         "none",
         "none (each call delayed independently), or the mean length in calls of a burst of delayed calls of a rank "
         "(at least 1 / (1 - delay_fraction))",
+        native=Native("burst", lambda v, g: v["delay_burst"] or 0.0),
     ),
     Option(
         "slowdown",
         _parse_slowdown,
         "none",
         f"per-rank compute slowdown such as 0:4x (rank 0 runs 4x slower), factor in [1, {MAX_SLOWDOWN:g}]",
+        native=Native("slowdown", lambda v, g: dict(v["slowdown"]).get(g.global_rank, 1.0)),
     ),
     Option(
         "seed",
         _parse_int(0, 2**63 - 1, "an integer in [0, 2^63)"),
         0,
         "seed of the delay schedule (a pure function of seed, rank and op sequence)",
+        native=Native("seed", _native_seed),
     ),
     Option("staleness", _parse_staleness, "bsp", f"consistency: bsp, ssp:S (S <= {MAX_SSP_BOUND}), asp"),
     Option(
@@ -557,7 +670,8 @@ class DelayConfig:
 
     Pass it as ``pg_options=`` to ``init_process_group``/``new_group``, or set it process-wide with
     :func:`configure`. Options left out fall back to the environment (``DELAYCOMM_<NAME>``), then to their
-    defaults. Each keyword is checked at once.
+    defaults. Each keyword is checked, and parsed, at once: a ``delay`` that names a trace or a profile file reads
+    it here, once, and every group created with this config replays what was read then.
 
     Args:
         **options: any of the option names in ``delaycomm.OPTIONS`` (``python -m delaycomm config`` lists them).
@@ -569,6 +683,9 @@ class DelayConfig:
     def __init__(self, **options: Any) -> None:
         self._given: dict[str, Any] = {}
         self._origins: dict[str, str] = {}  # name -> where the value came from, for messages
+        # name -> the parsed value: a keyword is parsed once, here (a delay spec's file read once), and resolve()
+        # uses it (the values are immutable).
+        self._parsed: dict[str, Any] = {}
         self._set(options, "DelayConfig")
 
     def _set(self, options: Mapping[str, Any], call: str) -> None:
@@ -581,7 +698,7 @@ class DelayConfig:
             if value is None:
                 continue
             origin = _keyword_origin(_BY_NAME[name], call)
-            _parse_option(_BY_NAME[name], value, origin)
+            self._parsed[name] = _parse_option(_BY_NAME[name], value, origin)
             self._given[name] = value
             self._origins[name] = origin
 
@@ -595,6 +712,7 @@ class DelayConfig:
         out = DelayConfig()
         out._given = {**self._given, **(other._given if other else {})}
         out._origins = {**self._origins, **(other._origins if other else {})}
+        out._parsed = {**self._parsed, **(other._parsed if other else {})}
         return out
 
     def __repr__(self) -> str:
@@ -683,7 +801,7 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
         if opt.name in merged.given:
             sources[opt.name] = "keyword"
             origins[opt.name] = merged._origins[opt.name]
-            values[opt.name] = _parse_option(opt, merged.given[opt.name], origins[opt.name])
+            values[opt.name] = merged._parsed[opt.name]  # parsed when the keyword was given
         elif opt.env in env:
             sources[opt.name] = f"environment ({opt.env})"
             origins[opt.name] = env_origin(opt)
@@ -695,9 +813,7 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
     if values["delay_fraction"] is None:
         # A profile is the distribution of every call (docs/profile.md): by default every call draws from it.
         delay = values["delay"]
-        values["delay_fraction"] = (
-            0.0 if delay == "none" else 1.0 if delay.lower().lstrip().startswith("profile:") else 0.3
-        )
+        values["delay_fraction"] = 0.0 if delay == "none" else 1.0 if delay.spec.family == "profile" else 0.3
     burst = _BY_NAME["delay_burst"]
     _check_delay_burst(values, origins, merged.given.get(burst.name, env.get(burst.env)))
     return EffectiveConfig(values=values, sources=sources, origins=origins)

@@ -45,7 +45,8 @@ class DelaySampler(_C.DelaySampler):
             ``lognormal:p50=60ms,p99=400ms[,p999=2s]``, ``pareto:p50=60ms,p99=400ms[,p999=2s]``, ``const:50ms``,
             ``trace:FILE`` (one latency per line with a unit; inverse CDF with linear interpolation),
             ``profile:FILE`` (per op and size class, docs/profile.md; draws without a call pool every call) or
-            ``none``.
+            ``none``; or a spec parsed already (``delaycomm._C.DelaySpec``, e.g. a group's ``delay`` option's
+            ``spec``), whose file is then not read again.
         seed: seed of the schedule (>= 0).
         rank: the rank whose draws :meth:`sample` returns (>= 0).
 
@@ -59,7 +60,7 @@ class DelaySampler(_C.DelaySampler):
         parameters, percentiles).
     """
 
-    def __init__(self, spec: str, seed: int = 0, rank: int = 0) -> None:
+    def __init__(self, spec: str | _C.DelaySpec, seed: int = 0, rank: int = 0) -> None:
         super().__init__(spec, seed, rank)
 
     def __repr__(self) -> str:

@@ -14,7 +14,7 @@ import torch
 from delaycomm import _C
 from delaycomm._config import EffectiveConfig
 
-__all__ = ["add", "remove", "live_backends", "backend_of"]
+__all__ = ["add", "remove", "live_backends", "backend_of", "config_of"]
 
 _lock = threading.Lock()
 # group name -> (DelayBackend, EffectiveConfig) of every live group.
@@ -57,3 +57,17 @@ def backend_of(group) -> Any:
         if isinstance(b, _C.DelayBackend):
             return b
     raise ValueError(f"delaycomm: group {getattr(group, 'group_name', group)!r} is not a delaycomm group")
+
+
+def config_of(group) -> EffectiveConfig:
+    """The resolved options of a live delaycomm group (its ``delay`` holds the parsed spec the group replays).
+
+    Raises:
+        ValueError: the group is not a live delaycomm group.
+    """
+    backend = backend_of(group)
+    with _lock:
+        for b, cfg in _groups.values():
+            if b is backend:
+                return cfg
+    raise ValueError(f"delaycomm: group {getattr(group, 'group_name', group)!r} is not a live delaycomm group")

@@ -62,7 +62,7 @@ class DelayedLoader:
         self.fraction = float(fraction)
         self.seed = seed
         self.rank = rank
-        self._schedule = _C.DelaySchedule(spec if spec != "none" else "none", self.fraction, seed, [])
+        self._schedule = _C.DelaySchedule(spec.spec, self.fraction, seed, [])  # the parsed spec: no second read
         self._next = 0
         self._delays_s: list[float] = []
 

@@ -1,63 +1,104 @@
 """Latency profiles: per op and size class, the latency a job's callers experienced (docs/profile.md).
 
 ``python -m delaycomm profile STATS... -o PROFILE.json`` merges the stats files of the ranks of one or more jobs
-(``DELAYCOMM_STATS``) into a profile; ``DELAYCOMM_DELAY=profile:PROFILE.json`` replays it. The native loader
-(csrc/delay/Profile.hpp) is the one validator of a profile and the one quantile function: this module builds the
-file, and reads its numbers back through :class:`delaycomm._C.DelaySampler`.
+(``DELAYCOMM_STATS``) into a profile; ``DELAYCOMM_DELAY=profile:PROFILE.json`` replays it.
+
+The API, for this command and for any other source of profiles (docs/profile.md, "Writing a profile"):
+
+- :func:`build` makes a profile document (schema version 1) from stats files;
+- :func:`check` is the one schema check (``delaycomm._schema``): a document in, the native profile out, or an error
+  naming the field;
+- :func:`write` checks a document before a byte is written, refuses to overwrite the files it was made from, and
+  writes it atomically;
+- :func:`load` reads a profile file once and returns the document and its parsed spec (``_C.DelaySpec``): what a
+  replay draws from, and what ``--show`` and ``--png`` print.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
+import stat
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
+from delaycomm import _schema
+from delaycomm._readers import FileError, quote, read_json
+from delaycomm._schema import FORMAT, HISTOGRAM_BASE, VERSION
 from delaycomm._tools import table
-from delaycomm._tools.output import write_json
+from delaycomm._tools.output import check_writable, write_json
 from delaycomm._tools.table import Column
 from delaycomm._tools.units import format_size
 
-__all__ = ["FORMAT", "VERSION", "build", "load", "format_profile", "plot", "profile_rows"]
+__all__ = [
+    "FORMAT",
+    "VERSION",
+    "ProfileError",
+    "build",
+    "check",
+    "check_output",
+    "load",
+    "write",
+    "format_profile",
+    "plot",
+    "profile_rows",
+]
 
-FORMAT = "delaycomm-profile"
-VERSION = 1
-HISTOGRAM_BASE = 1.02  # csrc/stats/Histogram.hpp, LogHistogram::kBase
 QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p999"))
+_STATS_EXPECTED = "the JSON of a DELAYCOMM_STATS file or of delaycomm.stats()"
 
 
-class ProfileError(ValueError):
-    """A stats file cannot be made into a profile (the message names the file and what is wrong)."""
+class ProfileError(FileError):
+    """A profile cannot be built or written (the message names the file and what is wrong)."""
+
+
+def check(doc: Any, name: str = "the profile"):
+    """The one schema check of a profile document (docs/profile.md, version 1).
+
+    Args:
+        doc: the document, as :func:`build` or another source makes it.
+        name: how messages name it.
+
+    Returns:
+        Its native ``delaycomm._C.DelayProfile`` (quantiles, per-class calls, digest).
+
+    Raises:
+        delaycomm._readers.FileError: ``NAME field FIELD WHY; docs/profile.md has the schema``.
+    """
+    return _schema.check_profile(doc, name)
+
+
+def load(path: str):
+    """The profile file at ``path``, read once and checked, and its parsed spec.
+
+    Returns:
+        ``(document, spec)``: the JSON document and the ``delaycomm._C.DelaySpec`` of ``profile:PATH``
+        (``spec.quantile(q, op=..., nbytes=...)`` is the replay's quantile function; ``spec.profile.class_info()``
+        its classes and their calls).
+
+    Raises:
+        delaycomm._readers.FileError: the file cannot be read or is not a valid profile (the message names the
+            file and the field).
+    """
+    from delaycomm import _C
+
+    doc, native = _schema.read_profile(path)
+    return doc, _C.DelaySpec.of_profile(f"profile:{path}", native)
 
 
 def _groups(path: str) -> list[dict[str, Any]]:
-    """The group dicts of one stats file: a stats file (one group) or a ``delaycomm.stats()`` dump (``groups``)."""
-    try:
-        with open(path) as f:
-            data = json.load(f)
-    except OSError as e:
-        raise ProfileError(f"delaycomm: profile: stats file {path!r} cannot be read ({e.strerror})") from None
-    except json.JSONDecodeError as e:
-        raise ProfileError(f"delaycomm: profile: stats file {path!r} is not JSON ({e})") from None
+    """The groups of one stats file (a stats file is one group, a ``delaycomm.stats()`` dump has ``groups``),
+    each checked for what a profile is built from."""
+    name = f"stats file {quote(path)}"
+    data = read_json(path, name, _STATS_EXPECTED)
     if isinstance(data, dict) and isinstance(data.get("groups"), dict):
-        groups = list(data["groups"].values())
+        found = [(f"groups.{_schema._key(str(k))}", g) for k, g in data["groups"].items()]
     elif isinstance(data, dict) and isinstance(data.get("ops"), dict):
-        groups = [data]
+        found = [("", data)]
     else:
-        raise ProfileError(
-            f"delaycomm: profile: stats file {path!r} is not delaycomm stats (expected the JSON of a "
-            "DELAYCOMM_STATS file or of delaycomm.stats())"
-        )
-    for g in groups:
-        for op, d in g.get("ops", {}).items():
-            if d.get("calls") and "by_size" not in d:
-                raise ProfileError(
-                    f"delaycomm: profile: stats file {path!r}, op {op!r}, has no by_size histograms (written by "
-                    "an older delaycomm; record the job again)"
-                )
-    return groups
+        raise ProfileError(f"{name} is not delaycomm stats (expected {_STATS_EXPECTED})")
+    return [_schema.check_stats_group(g, name, field) for field, g in found]
 
 
 def build(paths: Sequence[str]) -> dict[str, Any]:
@@ -67,10 +108,11 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
     latency of every call of every rank.
 
     Raises:
-        ProfileError: a file is unreadable or not stats, the jobs have different world sizes, or no call was timed.
+        FileError: a file is unreadable or not stats (naming the file and the field), the jobs have different world
+            sizes, or no call was timed.
     """
     if not paths:
-        raise ProfileError("delaycomm: profile: no stats files given")
+        raise ProfileError("no stats files given")
     hists: dict[str, dict[int, dict[str, Any]]] = {}
     jobs: list[dict[str, Any]] = []
     current: dict[tuple[str, str], dict[str, Any]] = {}
@@ -80,34 +122,33 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
     machines: dict[str, dict[str, Any]] = {}
     for path in paths:
         for g in _groups(path):
-            world = g.get("world_size")
+            world = g["world_size"]
             world_sizes.setdefault(world, path)
             # A job: the files of one directory and group, one per rank (a rank seen again starts another job).
-            key = (os.path.dirname(os.path.abspath(path)), str(g.get("group", "")))
+            key = (os.path.dirname(os.path.abspath(path)), g["group"])
             job = current.get(key)
-            if job is None or g.get("rank") in job["ranks"]:
-                job = {"directory": key[0], "group": g.get("group"), "world_size": world, "ranks": []}
+            if job is None or g["rank"] in job["ranks"]:
+                job = {"directory": key[0], "group": g["group"], "world_size": world, "ranks": []}
                 jobs.append(job)
                 current[key] = job
-            job["ranks"].append(g.get("rank"))
-            backends.update(g.get("backends", []))
-            if g.get("versions") and g["versions"] not in versions:
+            job["ranks"].append(g["rank"])
+            backends.update(g["backends"])
+            if g["versions"] and g["versions"] not in versions:
                 versions.append(g["versions"])
-            if g.get("host"):
-                machines.setdefault(g["host"], g.get("machine", {"hostname": g["host"]}))
-            for op, d in g.get("ops", {}).items():
-                for entry in d.get("by_size", []):
-                    _add(hists.setdefault(op, {}), entry, path, op)
+            if g["host"]:
+                machines.setdefault(g["host"], g["machine"] or {"hostname": g["host"]})
+            for op, classes in g["ops"].items():
+                for nbytes, h in classes:
+                    _add(hists.setdefault(op, {}), nbytes, h, path, op)
     if len(world_sizes) > 1:
         shown = ", ".join(f"{w} in {p!r}" for w, p in world_sizes.items())
         raise ProfileError(
-            f"delaycomm: profile: the stats files come from jobs of different world sizes ({shown}); a profile is "
+            f"the stats files come from jobs of different world sizes ({shown}); a profile is "
             "for one world size: build one per world size"
         )
     if not hists:
         raise ProfileError(
-            "delaycomm: profile: the stats files hold no timed calls (expected DELAYCOMM_STATS files of jobs that "
-            "ran collectives)"
+            "the stats files hold no timed calls (expected DELAYCOMM_STATS files of jobs that ran collectives)"
         )
     ops = {
         op: [
@@ -133,7 +174,7 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
             "world_size": next(iter(world_sizes)),
             "backends": sorted(backends),
             "latency": "caller-experienced, from the call until wait() returns or the future completes",
-            "jobs": [dict(j, ranks=sorted(j["ranks"])) for j in jobs],
+            "jobs": [dict(j, ranks=sorted(j["ranks"], key=lambda r: (r is None, r or 0))) for j in jobs],
             "sources": [os.path.abspath(p) for p in paths],
             "versions": versions,
             "machines": list(machines.values()),
@@ -142,20 +183,20 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
     }
 
 
-def _add(classes: dict[int, dict[str, Any]], entry: dict[str, Any], path: str, op: str) -> None:
-    h = entry.get("histogram") or {}
-    if h.get("base") != HISTOGRAM_BASE or h.get("unit") != "ns":
-        raise ProfileError(
-            f"delaycomm: profile: stats file {path!r}, op {op!r}: its histograms have base {h.get('base')!r} and "
-            f"unit {h.get('unit')!r} (expected {HISTOGRAM_BASE} and 'ns')"
-        )
-    if not h.get("count"):
+def _add(classes: dict[int, dict[str, Any]], nbytes: int, h: dict[str, Any], path: str, op: str) -> None:
+    """Adds one stats file's histogram of (op, size class) to the profile's (both checked by _schema)."""
+    if not h["count"]:
         return
     acc = classes.setdefault(
-        int(entry["bytes"]),
+        nbytes,
         {"count": 0, "zeros": 0, "min_ns": h["min_ns"], "max_ns": h["max_ns"], "sum_ns": 0.0, "buckets": Counter()},
     )
     acc["count"] += h["count"]
+    if acc["count"] > _schema.MAX_COUNT:
+        raise ProfileError(
+            f"the stats files hold more than 2^53 calls of op {op!r} of {nbytes} bytes (at {path!r}): a profile "
+            "counts its calls exactly in JSON numbers; build it from fewer files"
+        )
     acc["zeros"] += h["zeros"]
     acc["sum_ns"] += h["sum_ns"]
     acc["min_ns"] = min(acc["min_ns"], h["min_ns"])
@@ -164,39 +205,87 @@ def _add(classes: dict[int, dict[str, Any]], entry: dict[str, Any], path: str, o
         acc["buckets"][int(i)] += int(c)
 
 
-def write(profile: dict[str, Any], path: str) -> None:
-    """Writes ``profile`` to ``path`` and checks it with the native loader (what a replay will read)."""
-    write_json(path, profile)
-    load(path)
+def _same_file(a: str, b: str) -> bool:
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
-def load(path: str):
-    """The profile at ``path``, validated by the native loader, and its sampler.
+def check_output(path: str, inputs: Sequence[str] = (), what: str = "-o") -> None:
+    """Checks that ``path`` can take a file written by this command, before anything is built.
 
-    Returns:
-        ``(document, sampler)``: the JSON document and a :class:`delaycomm._C.DelaySampler` of ``profile:PATH``
-        (``sampler.quantile(q, op=..., nbytes=...)`` is the replay's quantile function).
+    Args:
+        path: the file to write.
+        inputs: the files it is made from, which it must not overwrite.
+        what: how messages name it (the option, ``-o`` or ``--png``).
 
     Raises:
-        ValueError: the file is not a valid profile (the message names the field).
+        ProfileError: the directory does not exist, the path is a directory or not a regular file, it is one of
+            ``inputs``, or no file can be created beside it.
     """
-    from delaycomm import _C
+    name = f"{what} {quote(path)}"
+    if not path or "\0" in path:
+        raise ProfileError(f"{name} is not a file path (expected a file to write)")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise ProfileError(f"{name}: the directory {quote(directory)} does not exist (expected a file to write)")
+    try:
+        st = os.stat(path)
+    except OSError:
+        st = None
+    if st is not None and stat.S_ISDIR(st.st_mode):
+        raise ProfileError(f"{name} is a directory (expected a file to write)")
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        raise ProfileError(f"{name} is not a regular file (expected a file to write)")
+    for source in inputs:
+        if _same_file(path, source):
+            raise ProfileError(
+                f"{name} is the input file {quote(source)}: writing it would replace what it is made from (expected "
+                "another file)"
+            )
+    try:
+        check_writable(path)
+    except OSError as e:
+        raise ProfileError(f"{name} cannot be written: {e.strerror}") from None
 
-    sampler = _C.DelaySampler(f"profile:{path}")
-    with open(path) as f:
-        return json.load(f), sampler
+
+def write(profile: dict[str, Any], path: str, inputs: Sequence[str] = ()):
+    """Writes a profile document to ``path``: checked first, then atomically (nothing is left on a failure).
+
+    Args:
+        profile: the document (schema version 1: :func:`build`'s, or another source's).
+        path: the file to write.
+        inputs: the files the document was made from; ``path`` may be none of them.
+
+    Returns:
+        The native profile (``delaycomm._C.DelayProfile``) of what was written.
+
+    Raises:
+        FileError: ``path`` cannot take it (:func:`check_output`), or the document is not a valid profile (the
+            message names the field).
+    """
+    check_output(path, inputs)
+    native = check(profile, f"the profile to be written to {quote(path)}")
+    try:
+        write_json(path, profile)
+    except (OSError, TypeError, ValueError) as e:
+        raise ProfileError(f"-o {quote(path)} cannot be written: {getattr(e, 'strerror', None) or e}") from None
+    return native
 
 
-def profile_rows(doc: dict[str, Any], sampler) -> list[dict[str, Any]]:
-    """One row per (op, size class): op, bytes, calls and the replay's quantiles and max in microseconds."""
+def profile_rows(spec) -> list[dict[str, Any]]:
+    """One row per (op, size class) of a profile's spec (:func:`load`): op, bytes, calls and the replay's
+    quantiles and max in microseconds."""
     rows = []
-    for op, classes in doc["ops"].items():
-        for c in classes:
-            row: dict[str, Any] = {"op": op, "bytes": c["bytes"], "calls": c["count"]}
-            for q, name in QUANTILES:
-                row[name] = sampler.quantile(q, op=op, nbytes=c["bytes"]) * 1e6
-            row["max"] = c["max_ns"] * 1e-3
-            rows.append(row)
+    for c in spec.profile.class_info():
+        row: dict[str, Any] = {"op": c["op"], "bytes": c["bytes"], "calls": c["count"]}
+        for q, name in QUANTILES:
+            row[name] = spec.quantile(q, op=c["op"], nbytes=c["bytes"]) * 1e6
+        row["max"] = c["max_ns"] * 1e-3
+        rows.append(row)
     return rows
 
 
@@ -209,21 +298,30 @@ _COLUMNS = (
 )
 
 
-def format_profile(path: str) -> str:
-    """The profile at ``path`` as a table (one row per op and size class) under a header of its metadata."""
-    doc, sampler = load(path)
+def _meta(value: Any, limit: int = 60) -> str:
+    """A metadata value for the header: metadata is free-form, so anything is shown, shortened."""
+    text = value if isinstance(value, str) else "?" if value is None else repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def format_profile(path: str, loaded: tuple[dict[str, Any], Any] | None = None) -> str:
+    """The profile at ``path`` (or ``loaded``, :func:`load`'s result for it) as a table, one row per op and size
+    class, under a header of its metadata."""
+    doc, spec = loaded or load(path)
     meta = doc["metadata"]
-    jobs = meta.get("jobs", [])
+    jobs = [j for j in meta.get("jobs", []) if isinstance(j, dict)] if isinstance(meta.get("jobs"), list) else []
+    ranks = sum(len(j["ranks"]) for j in jobs if isinstance(j.get("ranks"), list))
+    backends = meta.get("backends")
+    shown = ",".join(b for b in backends if isinstance(b, str)) if isinstance(backends, list) else ""
     header = [
-        f"delaycomm profile {path} (format version {doc['version']})",
-        f"world size {meta.get('world_size')}, backends {','.join(meta.get('backends', [])) or '?'}, "
-        f"{len(jobs)} job(s), {sum(len(j.get('ranks', [])) for j in jobs)} rank file(s), created "
-        f"{meta.get('created', '?')}",
+        f"delaycomm profile {path} (format version {doc['version']}, content {spec.digest})",
+        f"world size {_meta(meta.get('world_size'))}, backends {_meta(shown) or '?'}, {len(jobs)} job(s), "
+        f"{ranks} rank file(s), created {_meta(meta.get('created'))}",
     ]
-    return table.format_table(_COLUMNS, profile_rows(doc, sampler), header=header)
+    return table.format_table(_COLUMNS, profile_rows(spec), header=header)
 
 
-def plot(path: str, png: str) -> None:
+def plot(path: str, png: str, loaded: tuple[dict[str, Any], Any] | None = None) -> None:
     """Plots the profile's quantiles against the size, one panel per op, to ``png`` (needs matplotlib)."""
     try:
         import matplotlib
@@ -231,12 +329,10 @@ def plot(path: str, png: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ProfileError(
-            "delaycomm: profile: --png needs matplotlib (pip install matplotlib); the profile was written"
-        ) from None
-    doc, sampler = load(path)
-    rows = profile_rows(doc, sampler)
-    ops = list(doc["ops"])
+        raise ProfileError("--png needs matplotlib (pip install matplotlib); the profile was written") from None
+    doc, spec = loaded or load(path)
+    rows = profile_rows(spec)
+    ops = list(dict.fromkeys(r["op"] for r in rows))
     fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
     for ax, op in zip(axes[0], ops):
         mine = [r for r in rows if r["op"] == op]
@@ -251,36 +347,54 @@ def plot(path: str, png: str) -> None:
         ax.set_title(op)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
-    fig.suptitle(f"{os.path.basename(path)}: world size {doc['metadata'].get('world_size')}")
+    fig.suptitle(f"{os.path.basename(path)}: world size {_meta(doc['metadata'].get('world_size'))}")
     fig.tight_layout()
-    fig.savefig(png, dpi=100)
-    plt.close(fig)
+    try:
+        fig.savefig(png, dpi=100)
+    except OSError as e:
+        raise ProfileError(f"--png {quote(png)} cannot be written: {e.strerror}") from None
+    finally:
+        plt.close(fig)
+
+
+def _run(args) -> int:
+    import sys
+
+    def usage(message: str) -> int:
+        print(f"error: profile: {message}", file=sys.stderr)
+        return 2
+
+    if not (args.stats or args.show):
+        return usage("give stats files and -o PROFILE.json, or --show PROFILE.json")
+    if args.stats and not args.output:
+        return usage("-o PROFILE.json is required with stats files")
+    target = args.show or args.output
+    if args.png and not target:
+        return usage("--png needs a profile (-o or --show)")
+    inputs = list(args.stats)
+    if args.stats:
+        check_output(args.output, inputs)  # before the stats are read: a bad -o costs nothing
+    if args.png:
+        check_output(args.png, [*inputs, target], "--png")
+    if args.stats:
+        write(build(inputs), args.output, inputs)
+        print(f"# wrote {args.output}", file=sys.stderr, flush=True)
+    loaded = load(target) if (args.png or args.show) else None
+    if args.png:
+        plot(target, args.png, loaded)
+        print(f"# wrote {args.png}", file=sys.stderr, flush=True)
+    if args.show:
+        print(format_profile(args.show, loaded))
+    return 0
 
 
 def main(args) -> int:
-    """``python -m delaycomm profile`` (arguments parsed by delaycomm.__main__)."""
+    """``python -m delaycomm profile`` (arguments parsed by delaycomm.__main__): exit status 2 with ``error:`` and
+    the file's name for a file that cannot be read, is not stats, is not a valid profile, or cannot be written."""
     import sys
 
     try:
-        if args.stats:
-            if not args.output:
-                print("error: profile: -o PROFILE.json is required with stats files", file=sys.stderr)
-                return 2
-            write(build(args.stats), args.output)
-            print(f"# wrote {args.output}", file=sys.stderr, flush=True)
-        target = args.show or args.output
-        if args.png:
-            if not target:
-                print("error: profile: --png needs a profile (-o or --show)", file=sys.stderr)
-                return 2
-            plot(target, args.png)
-            print(f"# wrote {args.png}", file=sys.stderr, flush=True)
-        if args.show:
-            print(format_profile(args.show))
-        if not (args.stats or args.show):
-            print("error: profile: give stats files and -o PROFILE.json, or --show PROFILE.json", file=sys.stderr)
-            return 2
-    except ValueError as e:  # ProfileError, and the native loader's ValueError naming the field
-        print(f"error: {e}", file=sys.stderr)
+        return _run(args)
+    except FileError as e:  # ProfileError, and the readers' and the schema's errors: each names the file
+        print(f"error: delaycomm: profile: {e}", file=sys.stderr)
         return 2
-    return 0

@@ -451,6 +451,18 @@ def test_readme_lists_every_option():
         assert f"| `{opt.name}` | `{opt.env}` |" in readme, f"README's options table lacks {opt.name}"
 
 
+def test_the_delay_options_and_the_native_fields_name_each_other():
+    """Each delay option's row names its field of the native DelayOptions (csrc/delay/DelayOptions.hpp), and each
+    field there is one option's: a row added on one side only fails here, not silently at the field's default
+    (docs/core.md, "Options")."""
+    from delaycomm import _C
+
+    named = [opt.native.field for opt in OPTIONS if opt.native is not None]
+    assert sorted(named) == sorted(_C.DelayOptions.fields), (named, _C.DelayOptions.fields)
+    native = _C.DelayOptions()
+    assert all(hasattr(native, field) for field in _C.DelayOptions.fields)
+
+
 def test_readme_says_which_options_must_match():
     readme = (__import__("pathlib").Path(__file__).resolve().parents[2] / "README.md").read_text()
     for opt in OPTIONS:
@@ -498,7 +510,7 @@ def test_ranks_are_global_in_the_native_options_of_a_subgroup():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             _fill_delay_options(n, cfg, rank, timedelta(seconds=30), members, every_rank=every_rank)
-        return n.delay_ranks, n.delay_fraction, n.slowdown, n.seed
+        return n.delay.ranks, n.delay.fraction, n.delay.slowdown, n.delay.seed
 
     assert native(1, [2, 3]) == ([1], 0.3, 2.0, group_seed(5, [2, 3]))  # global 3 is group rank 1
     assert native(0, [1, 2]) == ([], 0.0, 1.0, group_seed(5, [1, 2]))  # no member named: no delay at all

@@ -51,6 +51,8 @@ def test_the_bench_replays_a_profile_per_size_beside_the_raw_backend(tmp_path, f
     assert f"# delaycomm: delay=profile:{prof}, delay_fraction=1.0" in stdout
     assert "delaycomm: profile" in stdout  # the target columns' group bar
     record = results.load(str(out))
+    config = next(b["config"] for b in record["backends"] if b["label"] == "delaycomm")  # its group's options
+    assert (config["delay"], config["delay_fraction"]) == (f"profile:{prof}", 1.0)
     targets = {t["size_bytes"]: t for t in record["profile_targets"]}
     assert targets[1024]["p50_us"] == pytest.approx(3000, rel=0.02)
     assert targets[65536]["p50_us"] == pytest.approx(12000, rel=0.02)

@@ -357,12 +357,8 @@ def test_creator_fills_the_native_options_and_warns_when_the_tail_passes_the_tim
     native = _C.BackendOptions()
     with pytest.warns(RuntimeWarning, match=r"has a P99.99 of 20.000 s, longer than the group's timeout of 5 s"):
         _fill_delay_options(native, cfg, 1, timedelta(seconds=5))
-    assert (
-        native.delay,
-        native.delay_fraction,
-        native.delay_ranks,
-        native.delay_ops,
-        native.delay_where,
-        native.seed,
-        native.slowdown,
-    ) == ("exp:p99=10s", 0.3, [1], [_C.OpKind.allreduce, _C.OpKind.broadcast], _C.DelayWhere.HOST, 3, 4.0)
+    d = native.delay  # the nested DelayOptions: the parsed spec, never its text, crosses into the backend
+    assert (d.spec.text, d.fraction, d.ranks, d.ops, d.where, d.seed, d.slowdown) == (
+        "exp:p99=10s", 0.3, [1], [_C.OpKind.allreduce, _C.OpKind.broadcast], _C.DelayWhere.HOST, 3, 4.0
+    )  # fmt: skip
+    assert d.spec is cfg.delay.spec  # the very object the option check parsed

@@ -92,21 +92,22 @@ def size_list(text: str) -> list[int]:
 
 
 def check_delay_spec(text: str) -> str:
-    """Check a delay spec with the backend's own parser (the C++ one, through the binding); return it normalised.
+    """Check a delay spec with the backend's own parser (delaycomm._spec: the native grammar, a file read in Python);
+    return it normalised.
 
     ``none``, ``off`` and ``0`` come back as ``none``, anything else stripped.
 
     Raises:
         ValueError: what the native parser found wrong, with the spec quoted.
     """
-    from delaycomm import _C
+    from delaycomm import _spec
     from delaycomm._config import delay_spec_error
 
     spec = text.strip()
     if spec.lower() in ("none", "off", "0"):
         return "none"
     try:
-        _C.parse_delay_spec(spec)
+        _spec.parse(spec)
     except ValueError as e:
         raise ValueError(f"invalid delay spec {spec!r}: {delay_spec_error(str(e))}") from None
     return spec

@@ -121,18 +121,19 @@ def _injected_delays(backends: tuple[Backend, ...], groups: dict, plan) -> list[
     return out
 
 
-def _profile_targets(backends: tuple[Backend, ...], plan, elsize: int, n: int) -> list[dict[str, Any]]:
+def _profile_targets(backends: tuple[Backend, ...], groups: dict, plan, elsize: int, n: int) -> list[dict[str, Any]]:
     """Per delaycomm backend replaying a profile (delay profile:FILE) and per (collective, size): the profile's p50
-    and p99 for the call as delaycomm classes it (its op, its input bytes), read through the native sampler
-    (docs/profile.md)."""
-    from delaycomm import _C
+    and p99 for the call as delaycomm classes it (its op, its input bytes), read from the parsed spec the group
+    replays (docs/profile.md): the profile file is not read again."""
+    from delaycomm import _registry
 
     out = []
     for b in backends:
-        text = str(b.options.get("delay", "none"))
-        if not b.is_delaycomm or not text.strip().lower().startswith("profile:"):
+        if not b.is_delaycomm:
             continue
-        sampler = _C.DelaySampler(text)
+        sampler = _registry.config_of(groups[b.label]).delay.spec
+        if sampler.family != "profile":
+            continue
         for spec, count in plan:
             nbytes = spec.buffer_counts(count, n)[0] * elsize
             q50, q99 = (sampler.quantile(q, op=spec.stats_op, nbytes=nbytes) * 1e6 for q in (0.5, 0.99))
@@ -288,7 +289,7 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
     injected = _injected_delays(backends, groups, plan)
     if rank != 0:
         return {}
-    targets = _profile_targets(backends, plan, elsize, n)
+    targets = _profile_targets(backends, groups, plan, elsize, n)
     rows = []
     for pi, (spec, count) in enumerate(plan):
         for bi, b in enumerate(backends):
@@ -307,7 +308,7 @@ def _measure(rank: int, n: int, settings: Settings, groups: dict, control, clock
     return {
         "rows": rows,
         "skipped": skipped,
-        "backends": _backend_info(backends),
+        "backends": _backend_info(backends, groups),
         "injected_delay": injected,
         **({"profile_targets": targets} if targets else {}),
     }
@@ -330,15 +331,15 @@ def _check(spec, settings: Settings, groups: dict, rank: int, n: int, count: int
     return total.tolist()
 
 
-def _backend_info(backends: tuple[Backend, ...]) -> list[dict[str, Any]]:
-    """Each backend with, for delaycomm, its effective configuration (every option, resolved)."""
+def _backend_info(backends: tuple[Backend, ...], groups: dict) -> list[dict[str, Any]]:
+    """Each backend with, for delaycomm, its effective configuration (every option, resolved): the one its group was
+    created with (a trace or profile file is not read again)."""
+    from delaycomm import _registry
+
     info = []
     for b in backends:
         entry = {"label": b.label, "name": b.name, "options": dict(b.options)}
         if b.is_delaycomm:
-            import delaycomm
-
-            cfg = delaycomm.resolve(delaycomm.DelayConfig(**b.options))
-            entry["config"] = jsonable(cfg.as_dict())
+            entry["config"] = jsonable(_registry.config_of(groups[b.label]).as_dict())
         info.append(entry)
     return info
