@@ -32,6 +32,7 @@ if [[ -z "$PYTHON" ]]; then
 fi
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 OUT=${BENCH_OUT:-$(mktemp -d)}
+mkdir -p "$OUT"
 start=$SECONDS
 
 if [[ $mode == two-rank ]]; then
