@@ -231,8 +231,10 @@ def plot(path: str, png: str) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        from delaycomm._tools.optional import missing_message
+
         raise ProfileError(
-            "delaycomm: profile: --png needs matplotlib (pip install matplotlib); the profile was written"
+            f"delaycomm: profile: --png: {missing_message('matplotlib')}; the profile was written"
         ) from None
     doc, sampler = load(path)
     rows = profile_rows(doc, sampler)

@@ -111,3 +111,15 @@ def test_bench_progress_on_without_tqdm_exits_2(command, monkeypatch, capsys):
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"error: argument --progress: a progress bar needs tqdm, which is not installed: {EXTRA_HINT}" in err
+
+
+def test_profile_png_without_matplotlib_names_the_extra(monkeypatch):
+    from delaycomm import profile
+
+    _hide(monkeypatch, "matplotlib", "matplotlib.pyplot")
+    with pytest.raises(profile.ProfileError) as e:  # exit 2 with "error: " in profile.main
+        profile.plot("profile.json", "profile.png")
+    assert str(e.value) == (
+        "delaycomm: profile: --png: plotting needs matplotlib, which is not installed: pip install "
+        "'delaycomm[tools]' (or pip install matplotlib); the profile was written"
+    )
