@@ -7,9 +7,10 @@ measured or read back (``--from-json``).
 
 from __future__ import annotations
 
-import json
 import statistics
 from typing import Any
+
+from delaycomm._tools.output import read_json
 
 __all__ = ["FORMAT", "PercallFileError", "load", "run_stats", "rows"]
 
@@ -26,13 +27,7 @@ def load(path: str) -> dict[str, Any]:
     Raises:
         PercallFileError: no such file, not JSON, or not a per-call record with runs.
     """
-    try:
-        with open(path) as f:
-            rec = json.load(f)
-    except FileNotFoundError:
-        raise PercallFileError(f"{path}: no such file (a baseline is made with --json, see --help)") from None
-    except (OSError, ValueError) as e:
-        raise PercallFileError(f"{path}: cannot be read as JSON: {e}") from None
+    rec = read_json(path, PercallFileError)
     if not isinstance(rec, dict) or rec.get("format") != FORMAT or not rec.get("runs"):
         raise PercallFileError(f"{path}: not a per-call record ('format' must be {FORMAT!r}, with runs)")
     return rec
