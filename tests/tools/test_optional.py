@@ -8,6 +8,7 @@ the check, not an interpreter's start-up.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 
@@ -113,13 +114,18 @@ def test_bench_progress_on_without_tqdm_exits_2(command, monkeypatch, capsys):
     assert f"error: argument --progress: a progress bar needs tqdm, which is not installed: {EXTRA_HINT}" in err
 
 
-def test_profile_png_without_matplotlib_names_the_extra(monkeypatch):
-    from delaycomm import profile
+def test_profile_png_without_matplotlib_exits_2_naming_the_extra_and_keeps_the_profile(tmp_path, monkeypatch, capsys):
+    """``python -m delaycomm profile STATS -o P.json --png P.png`` (its ``main``, in this process) with matplotlib
+    hidden: exit 2 with ``error:`` and the extra; the profile asked for is written, the plot is not."""
+    from delaycomm.__main__ import main
+    from tests.delay.test_profile_replay import _stats_file
 
+    stats, out, png = _stats_file(tmp_path / "s.json", 2), tmp_path / "p.json", tmp_path / "p.png"
     _hide(monkeypatch, "matplotlib", "matplotlib.pyplot")
-    with pytest.raises(profile.ProfileError) as e:  # exit 2 with "error: " in profile.main
-        profile.plot("profile.json", "profile.png")
-    assert str(e.value) == (
-        "delaycomm: profile: --png: plotting needs matplotlib, which is not installed: pip install "
-        "'delaycomm[tools]' (or pip install matplotlib); the profile was written"
+    assert main(["profile", stats, "-o", str(out), "--png", str(png)]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "error: delaycomm: profile: --png: plotting needs matplotlib, which is not installed: pip install "
+        "'delaycomm[tools]' (or pip install matplotlib); the profile was written" in err
     )
+    assert json.loads(out.read_text())["metadata"]["world_size"] == 2 and not png.exists()
