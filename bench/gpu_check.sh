@@ -20,10 +20,11 @@
 #                 NCCL's own INFO lines on NCCL_ALGO/NCCL_BUFFSIZE, a user's settings winning), the sleep kernel,
 #                 the fused kernel on CUDA; each test leaves its evidence in $OUT/evidence
 #   kernel_bad_input  the CPU tests of the fused kernel, bad input included (they segfaulted on the GPU machine once)
-#   percall       what delaycomm adds per call vs raw NCCL, 8 B-256 MiB, every path (bench/percall.py)
+#   percall       what delaycomm adds per call vs raw NCCL, 8 B-256 MiB, every path
+#                 (python -m delaycomm.bench percall)
 #   kernels       fused blend kernel bandwidth vs device copy and unfused torch ops (bench/kernel_bandwidth.py)
 #   precision     delay precision: issuer thread, host sleep, GPU sleep kernel (bench/delay_precision.py)
-#   gate          the per-call gate against $GPU_BASELINE (bench/percall.py --compare)
+#   gate          the per-call gate against $GPU_BASELINE (python -m delaycomm.bench percall --compare)
 #
 # If the script is stopped before its end, every finished step's log and record is in $OUT already:
 # `python3 bench/gpu_check_report.py report $OUT full 0` writes the JSON and summary from them.
@@ -152,14 +153,14 @@ step kernel_bad_input 120 "$py" -X faulthandler -m pytest "${pytest_args[@]}" \
 # ---- measurements -------------------------------------------------------------------------------------------------
 if [ $mode = full ]; then
   if [ $dry = 0 ]; then
-    step percall 240 "$py" bench/percall.py --device cuda -b 8 -e 256M -f 32 --runs 3 --progress off \
+    step percall 240 "$py" -m delaycomm.bench percall --device cuda -b 8 -e 256M -f 32 --runs 3 --progress off \
       --json "$out/percall.json"
     step kernels 180 "$py" bench/kernel_bandwidth.py --device cuda --sizes 64M,256M,1G --dtypes float32,bfloat16 \
       --stale 1 --json "$out/kernels.json"
     step precision 120 "$py" bench/delay_precision.py --gpu --no-overhead --samples 200 \
       --json "$out/precision.json"
   else
-    step percall 300 "$py" bench/percall.py --device cpu -b 8 -e 64K -f 8192 --runs 2 --blocks 4 --calls 100 \
+    step percall 300 "$py" -m delaycomm.bench percall --device cpu -b 8 -e 64K -f 8192 --runs 2 --blocks 4 --calls 100 \
       --progress off --json "$out/percall.json"
     step kernels 120 "$py" bench/kernel_bandwidth.py --device cpu --sizes 1M --dtypes float32,bfloat16 --stale 1 \
       --iters 3 --rounds 1 --json "$out/kernels.json"
@@ -180,13 +181,13 @@ if [ $dry = 1 ]; then
   update=1
 fi
 if [ $update = 1 ]; then
-  step baseline 240 "$py" bench/percall.py "${gate_args[@]}" --json "$out/baseline.json" \
+  step baseline 240 "$py" -m delaycomm.bench percall "${gate_args[@]}" --json "$out/baseline.json" \
     && cp "$out/baseline.json" "$baseline" && echo "# wrote $baseline: review it, then commit it"
-  step gate 240 "$py" bench/percall.py "${gate_args[@]}" --compare "$baseline" --json "$out/gate.json"
-  expect_fail gate_injected 300 "$py" bench/percall.py "${gate_args[@]}" --inject-us $inject \
+  step gate 240 "$py" -m delaycomm.bench percall "${gate_args[@]}" --compare "$baseline" --json "$out/gate.json"
+  expect_fail gate_injected 300 "$py" -m delaycomm.bench percall "${gate_args[@]}" --inject-us $inject \
     --compare "$baseline" --json "$out/gate_injected.json"
 elif [ -f "$baseline" ]; then
-  step gate 240 "$py" bench/percall.py "${gate_args[@]}" --compare "$baseline" --json "$out/gate.json"
+  step gate 240 "$py" -m delaycomm.bench percall "${gate_args[@]}" --compare "$baseline" --json "$out/gate.json"
 elif [ $mode = gate ]; then
   echo "# gate: no baseline at $baseline: measure one on this GPU with bench/gpu_check.sh --update-baseline"
   printf 'gate\tfailed: no baseline at %s\t0\t0\n' "$baseline" >> "$out/steps.tsv"

@@ -126,10 +126,9 @@ def _steps(out: str) -> dict[str, dict[str, Any]]:
 def _percall_rows(rec: dict | None) -> list[dict]:
     if not rec:
         return []
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import percall
+    from delaycomm.bench.percall_results import rows
 
-    return percall.rows(rec)
+    return rows(rec)
 
 
 def report(out: str, mode: str, dry: str) -> dict[str, Any]:

@@ -3,14 +3,15 @@
 
   python3 scripts/check_docs.py [--no-code] [--no-paths]
 
-- links: every relative link in README.md and docs/*.md resolves: the file or folder exists, and a `#anchor` is a
-  heading of the target (GitHub's rules for heading anchors) or an explicit HTML anchor;
+- links: every relative link in README.md, docs/*.md and the READMEs of bench/results/ resolves: the file or
+  folder exists, and a `#anchor` is a heading of the target (GitHub's rules for heading anchors) or an explicit HTML
+  anchor;
 - results: a code span in those files that names a path under bench/results/, bench/baselines/ or docs/bench/
   names one that exists, so a figure's pointer to its result file cannot go stale (`--no-paths` skips it);
 - length: README.md has at most 300 lines;
 - tracker references: no reference to an issue tracker ("issue", "defect", "bug" or "ticket" with a number, or a
   bare "#" and a number used as an issue number) and no pointer into a README section by its name (the README is
-  a front door and its sections move; cite docs/ pages) in README.md and docs/*.md, and, with --code (the
+  a front door and its sections move; cite docs/ pages) in those Markdown files, and, with --code (the
   default), in the code's comments and strings (csrc/, python/, bench/, tests/, scripts/, examples/, .ci/,
   .github/). An upstream reference in GitHub's owner/repo form ("pytorch/pytorch" then "#" and the number) is a
   citation, not a tracker reference.
@@ -205,7 +206,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     root = args.root.resolve()
     out: list[str] = []
-    docs = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    docs = [
+        root / "README.md",
+        *sorted((root / "docs").glob("*.md")),
+        *sorted((root / "bench/results").rglob("README.md")),
+    ]
     cache: dict[Path, set[str]] = {}
     for md in docs:
         if not md.exists():

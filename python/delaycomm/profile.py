@@ -329,7 +329,11 @@ def plot(path: str, png: str, loaded: tuple[dict[str, Any], Any] | None = None) 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise ProfileError("--png needs matplotlib (pip install matplotlib); the profile was written") from None
+        from delaycomm._tools.optional import missing_message
+
+        raise ProfileError(
+            f"delaycomm: profile: --png: {missing_message('matplotlib')}; the profile was written"
+        ) from None
     doc, spec = loaded or load(path)
     rows = profile_rows(spec)
     ops = list(dict.fromkeys(r["op"] for r in rows))

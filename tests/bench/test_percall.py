@@ -1,4 +1,4 @@
-"""bench/percall.py: the per-call cost benchmark (statistics, gate rule, command line, one real run)."""
+"""python -m delaycomm.bench percall: the per-call cost (statistics, gate rule, command line, one real run)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,13 @@ import copy
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 
+from delaycomm.bench import percall, percall_engine
+from delaycomm.bench.gate import compare_percall
+from delaycomm.bench.percall_results import FORMAT, rows
 from tests.harness import run_cli
-
-BENCH = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench")
-sys.path.insert(0, BENCH)
-
-import percall  # noqa: E402
-import percall_engine  # noqa: E402
-
-SCRIPT = os.path.join(BENCH, "percall.py")
 
 
 def record(raw: list[list[float]], dc: list[list[float]], path: str = "sync", device: str = "cpu") -> dict:
@@ -40,7 +34,7 @@ def record(raw: list[list[float]], dc: list[list[float]], path: str = "sync", de
         for r, d in zip(raw, dc)
     ]
     return {
-        "format": percall.FORMAT,
+        "format": FORMAT,
         "settings": {"device": device, "calls": 400, "blocks": len(raw[0]), "inject_us": 0},
         "runs": runs,
     }
@@ -51,7 +45,7 @@ DC = [[48.0, 49.0, 47.0, 48.5, 50.0], [50.0, 48.0, 49.0, 51.0, 47.0], [48.0, 49.
 
 
 def test_the_figure_is_the_median_over_runs_of_each_runs_median_paired_difference():
-    (row,) = percall.rows(record(RAW, DC))
+    (row,) = rows(record(RAW, DC))
     # run 0: differences 8, 8, 8, 8, -10 -> 8; run 1: 8 each -> 8; run 2: 8, 9, 8, 8, 8 -> 8
     assert row["run_added_cpu_us"] == [8.0, 8.0, 8.0]
     assert row["added_cpu_us"] == 8.0
@@ -71,9 +65,9 @@ def _shift(rec: dict, us: float, scale: float = 1.0) -> dict:
 
 def test_gate_passes_an_unchanged_run_and_fails_a_5us_regression():
     base = record(RAW, DC)
-    (same,) = percall.gate(copy.deepcopy(base), base, 2.5)
+    (same,) = compare_percall(copy.deepcopy(base), base, 2.5)
     assert not same.failed and same.regression_us == pytest.approx(0.0, abs=1e-9)
-    (slow,) = percall.gate(_shift(base, 5.0), base, 2.5)
+    (slow,) = compare_percall(_shift(base, 5.0), base, 2.5)
     assert slow.failed and slow.regression_us == pytest.approx(5.0, abs=0.2)
     assert slow.runs_over == 3
 
@@ -81,10 +75,10 @@ def test_gate_passes_an_unchanged_run_and_fails_a_5us_regression():
 def test_gate_takes_ratios_so_a_slower_machine_neither_fails_nor_hides_a_regression():
     base = record(RAW, DC)
     # twice as slow everywhere (delaycomm's 8 us become 16 us): the difference form would read +8 us and fail
-    (slower,) = percall.gate(_shift(base, 0.0, scale=2.0), base, 2.5)
+    (slower,) = compare_percall(_shift(base, 0.0, scale=2.0), base, 2.5)
     assert not slower.failed, slower
     # and a 5 us regression on that machine still fails
-    (both,) = percall.gate(_shift(base, 5.0, scale=2.0), base, 2.5)
+    (both,) = compare_percall(_shift(base, 5.0, scale=2.0), base, 2.5)
     assert both.failed and both.regression_us == pytest.approx(5.0, abs=0.3)
 
 
@@ -92,24 +86,24 @@ def test_gate_needs_a_majority_of_runs_over_the_limit():
     base = record(RAW, DC)
     one_bad = copy.deepcopy(base)
     one_bad["runs"][0]["items"][0]["dc_cpu_us"] = [x + 30 for x in DC[0]]
-    (v,) = percall.gate(one_bad, base, 2.5)
+    (v,) = compare_percall(one_bad, base, 2.5)
     assert v.runs_over == 1 and not v.failed
 
 
 def test_gate_refuses_another_device_and_nothing_in_common():
     base = record(RAW, DC)
     with pytest.raises(ValueError, match="the baseline was measured with device 'cuda', this run with 'cpu'"):
-        percall.gate(base, record(RAW, DC, device="cuda"), 2.5)
+        compare_percall(base, record(RAW, DC, device="cuda"), 2.5)
     with pytest.raises(ValueError, match="no \\(size, path\\) in common"):
-        percall.gate(base, record(RAW, DC, path="future_then"), 2.5)
+        compare_percall(base, record(RAW, DC, path="future_then"), 2.5)
 
 
 def test_gate_refuses_a_baseline_measured_pinned_otherwise():
     pinned = record(RAW, DC)
     pinned["settings"]["pin_cpu"] = 0
     with pytest.raises(ValueError, match="the baseline was measured with pin_cpu 0, this run with None"):
-        percall.gate(record(RAW, DC), pinned, 2.5)
-    assert all(not v.failed for v in percall.gate(pinned, pinned, 2.5))
+        compare_percall(record(RAW, DC), pinned, 2.5)
+    assert all(not v.failed for v in compare_percall(pinned, pinned, 2.5))
 
 
 def test_the_injected_work_is_calibrated_to_the_cpu_time_asked_for():
@@ -126,7 +120,9 @@ def test_the_injected_work_is_calibrated_to_the_cpu_time_asked_for():
 
 
 def _cli(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-    return run_cli([SCRIPT, *args], timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return run_cli(
+        ["percall", *args], timeout=timeout, env={**os.environ, "OMP_NUM_THREADS": "1"}, module="delaycomm.bench"
+    )
 
 
 @pytest.mark.parametrize(
@@ -187,7 +183,7 @@ def test_a_real_run_then_the_gate_fails_on_an_injected_slowdown(tmp_path):
     proc = _cli(*small, "--json", str(base))
     assert proc.returncode == 0, proc.stderr
     rec = json.loads(base.read_text())
-    assert rec["format"] == percall.FORMAT and rec["environment"]["torch"]
+    assert rec["format"] == FORMAT and rec["environment"]["torch"]
     checks = rec["runs"][0]["checks"]
     # the harness made its calls through a real DelayBackend, which counted every one and changed no data
     assert checks["delaycomm_backend"] == "DelayBackend" and checks["raw_backend"] == "gloo"

@@ -7,6 +7,8 @@ report each needed and used to write for themselves.
 - :mod:`.args`: argparse types that name what they accept (numbers in a range, sizes, delay specs, output paths).
 - :mod:`.units`: the size syntax (``4K``, ``64M``) and the formatting of sizes.
 - :mod:`.launch`: ranks as fresh processes, each reporting to the parent, with a deadline and dead-rank detection.
+- :mod:`.optional`: the optional imports (matplotlib, tqdm, scikit-learn), checked when a flag needs one, with a
+  message that names the extra to install.
 
 Internal: nothing here is part of the public API (``delaycomm.__all__``). Importing this package imports neither
 torch nor the compiled module; the functions that need them import them when called.

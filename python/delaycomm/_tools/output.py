@@ -16,7 +16,7 @@ import secrets
 import sys
 from typing import Any
 
-__all__ = ["jsonable", "dumps", "write_json", "check_writable"]
+__all__ = ["jsonable", "dumps", "write_json", "read_json", "check_writable"]
 
 
 def jsonable(value: Any, *, nan: Any = None) -> Any:
@@ -83,6 +83,24 @@ def write_json(path: str, record: Any) -> str:
             pass
         raise
     return text
+
+
+def read_json(path: str, error: type[Exception] = ValueError) -> Any:
+    """Read a JSON record a tool wrote; every failure is ``error`` with a message that starts with ``path``.
+
+    Raises:
+        error: ``<path>: no such file``, ``<path>: cannot be read: ...`` or ``<path>: not valid JSON (<what> at line
+            L column C)``.
+    """
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise error(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise error(f"{path}: cannot be read: {e}") from None
+    except json.JSONDecodeError as e:
+        raise error(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
 
 
 def check_writable(path: str) -> None:

@@ -1,5 +1,7 @@
 """``python -m delaycomm.bench``: the command line. Parses and checks every flag, then measures, reports, gates.
 
+``python -m delaycomm.bench percall ...`` is the per-call benchmark and CI gate (:mod:`delaycomm.bench.percall`).
+
 Exit status: 0 fine; 1 the gate failed or a result was wrong; 2 bad input (a flag, a baseline file); 3 the run
 itself failed (a rank raised, died or hung).
 """
@@ -11,6 +13,7 @@ import sys
 from typing import Any
 
 from delaycomm._tools import args as argtypes
+from delaycomm._tools import optional
 from delaycomm.bench import collectives, units
 from delaycomm.bench.settings import RAW_BACKENDS, Backend, Settings
 
@@ -58,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
         description="nccl-tests-style collective microbenchmarks: delaycomm side by side with the raw backend it "
         "wraps (gloo on CPU, nccl on GPU), interleaved repeats, and a CI gate on their ratio.",
         epilog="sizes are binary (4K = 4096 B). Columns and formulas: docs/benchmark.md. Exit status: 0 ok; 1 the gate "
-        "failed or a result was wrong; 2 bad input; 3 the run failed.",
+        "failed or a result was wrong; 2 bad input; 3 the run failed. What delaycomm adds per call, and CI's gate on "
+        "it: python -m delaycomm.bench percall --help.",
     )
     g = p.add_argument_group("sweep")
     g.add_argument("-b", "--minbytes", type=_size, default=8, metavar="SIZE", help="smallest size (default 8)")
@@ -311,7 +315,7 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
                 p.error(f"argument {flag}: this build of delaycomm cannot take it ({e})")
             label = "delaycomm" if algo is None else f"delaycomm[{algo}]"
             backends.append(Backend(label=label, name="delaycomm", options=opts))
-    progress = a.progress == "on" or (a.progress == "auto" and sys.stderr.isatty())
+    progress = optional.progress_enabled(a.progress, sys.stderr.isatty(), p)
     settings = Settings(
         collectives=a.collective,
         sizes=tuple(sizes),
@@ -334,8 +338,15 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["percall"]:
+        from delaycomm.bench import percall
+
+        return percall.main(argv[1:])
     p = build_parser()
     a = p.parse_args(argv)
+    if a.plot:  # before measuring: a missing matplotlib is bad input, not a traceback after the run
+        optional.require_for_flag(p, "--plot", "matplotlib")
     from delaycomm.bench import report, results
     from delaycomm.bench.gate import GateError, compare
 
@@ -359,7 +370,7 @@ def main(argv: list[str] | None = None) -> int:
         if isinstance(record, str):
             print(f"error: the benchmark run failed: {record}", file=sys.stderr)
             return 3
-        record["argv"] = ["python", "-m", "delaycomm.bench", *(sys.argv[1:] if argv is None else argv)]
+        record["argv"] = ["python", "-m", "delaycomm.bench", *argv]
     out = sys.stderr if a.json == "-" else sys.stdout
     text = results.save(record, a.json) if a.json else None
     if a.json == "-":

@@ -1,20 +1,33 @@
-"""The CI performance gate: did delaycomm get slower *relative to the raw backend*, beyond noise?
+"""The CI performance gates: did delaycomm get slower *relative to the raw backend*, beyond noise?
 
-The rule (docs/benchmark.md explains it for users):
+Both rules live here (docs/benchmark.md explains them for users): the per-call gate CI runs
+(``python -m delaycomm.bench percall --compare``, :func:`compare_percall`) and the ratio gate of the collective sweep
+(``python -m delaycomm.bench --compare``, :func:`compare`). They share what makes a gate trustworthy on a shared
+machine:
 
-1. Only ratios are compared, never absolute times: in each repeat of a run, ratio = p50(delaycomm) / p50(raw),
-   both measured interleaved in the same processes. A slower (or faster) machine moves both sides alike, so the
-   ratio, and the verdict, do not change.
+- **Ratios, never absolute times.** Each figure is delaycomm's against the raw backend, both measured in the same
+  processes in the same run, so a slower (or faster, or busier) machine moves both sides alike and the verdict does
+  not change. The baseline contributes only its ratio.
+- **A majority, not one sample** (:func:`majority_over`): an item fails when the median of its per-repeat (per-run)
+  figures is above the limit *and* a strict majority of them are; one unlucky repeat cannot fail the gate.
+- **It reproduces.** Failing items are measured again in fresh processes (``--confirm``, once by default) and fail
+  only if they fail every time: a real regression reproduces, a burst of load rarely does.
+- Exit 1 names every failing item with its figures; a baseline that cannot be compared (another device, setup, or
+  nothing in common) is a :class:`GateError` (exit 2).
+
+**The per-call gate** (one process, world size 1; :mod:`delaycomm.bench.percall`). Per run and (size, path):
+regression = (this run's delaycomm/raw CPU-time ratio - the baseline's ratio) x this run's raw CPU cost per call, the
+growth of delaycomm's cost in microseconds per call at this machine's speed. An item fails when the median over runs
+and a majority of runs exceed ``max_added_us``.
+
+**The ratio gate** (the sweep, 2+ ranks):
+
+1. In each repeat of a run, ratio = p50(delaycomm) / p50(raw), both measured interleaved in the same processes.
 2. For each (collective, size) the baseline contributes its median ratio, taken as at least 1 (delaycomm wraps
    the raw backend, so a baseline ratio below 1 is noise, and would make the limit stricter than meant).
    limit = max(1, baseline ratio) x max_slowdown.
-3. A size fails when the median of this run's per-repeat ratios is above the limit *and* the ratio is above the
-   limit in a strict majority of the repeats: one unlucky repeat (a scheduler hiccup) cannot fail the gate
-   (:func:`majority_over`; ``bench/percall.py``'s gate applies the same rule to its per-run regressions).
-4. Confirmation: when the bench spawned its own ranks, the failing sizes are measured again in fresh processes
-   (``--confirm``, once by default), and a size fails only if it fails again: a real regression reproduces, a
-   burst of load on a shared machine rarely does.
-5. The gate fails (exit 1) when any size fails, naming every failing size with its ratios.
+3. A size fails when the median of this run's per-repeat ratios is above the limit in a majority of repeats, and
+   again in each confirmation run (only when the bench spawned its own ranks: not under torchrun).
 """
 
 from __future__ import annotations
@@ -24,10 +37,25 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from delaycomm.bench import percall_results
 from delaycomm.bench.results import RowStats, raw_label, row_stats
 from delaycomm.bench.units import format_size
 
-__all__ = ["GateError", "SizeVerdict", "GateResult", "compare", "count_over", "majority_over"]
+__all__ = [
+    "GateError",
+    "count_over",
+    "majority_over",
+    "DEFAULT_MAX_ADDED_US",
+    "PercallVerdict",
+    "compare_percall",
+    "format_percall",
+    "SizeVerdict",
+    "GateResult",
+    "compare",
+]
+
+#: The per-call gate's default allowance, in microseconds per call (docs/benchmark.md says why 2.5).
+DEFAULT_MAX_ADDED_US = 2.5
 
 
 def count_over(values: Sequence[float], limit: float) -> int:
@@ -45,6 +73,98 @@ def majority_over(values: Sequence[float], limit: float) -> bool:
 
 class GateError(ValueError):
     """The baseline cannot be compared with this run (different setup, nothing in common)."""
+
+
+# ---- the per-call gate ------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class PercallVerdict:
+    """One (size, path) of the per-call gate."""
+
+    size_bytes: int
+    path: str
+    baseline_ratio: float
+    baseline_added_us: float
+    regression_us: float  # median over runs
+    run_regression_us: tuple[float, ...]
+    limit_us: float
+
+    @property
+    def runs_over(self) -> int:
+        return count_over(self.run_regression_us, self.limit_us)
+
+    @property
+    def failed(self) -> bool:
+        """The majority rule (:func:`majority_over`) over this item's per-run regressions."""
+        return majority_over(self.run_regression_us, self.limit_us)
+
+
+def compare_percall(current: dict[str, Any], baseline: dict[str, Any], max_added_us: float) -> list[PercallVerdict]:
+    """Judge the per-call record ``current`` against ``baseline``: did delaycomm's per-call cost grow by more than
+    ``max_added_us``? (The rule: this module's docstring.)
+
+    Raises:
+        GateError: a different device or pinning, or no (size, path) in common.
+    """
+    for what in ("device", "pin_cpu"):
+        a, b = current["settings"].get(what), baseline["settings"].get(what)
+        if a != b:
+            raise GateError(
+                f"the baseline was measured with {what} {b!r}, this run with {a!r}: measure a baseline "
+                "with the same settings (--update-baseline)"
+            )
+    base = {(r["size_bytes"], r["path"]): r for r in percall_results.rows(baseline)}
+    verdicts = []
+    for r in percall_results.rows(current):
+        b = base.get((r["size_bytes"], r["path"]))
+        if b is None:
+            continue
+        per_run = tuple((ratio - b["ratio_cpu"]) * raw for ratio, raw in zip(r["run_ratio_cpu"], r["run_raw_cpu_us"]))
+        verdicts.append(
+            PercallVerdict(
+                size_bytes=r["size_bytes"],
+                path=r["path"],
+                baseline_ratio=b["ratio_cpu"],
+                baseline_added_us=b["added_cpu_us"],
+                regression_us=statistics.median(per_run),
+                run_regression_us=per_run,
+                limit_us=max_added_us,
+            )
+        )
+    if not verdicts:
+        raise GateError("this run and the baseline have no (size, path) in common: run the baseline's sizes and paths")
+    return verdicts
+
+
+def format_percall(verdicts: Sequence[PercallVerdict], max_added_us: float) -> str:
+    """The per-call gate's report: one line per item, then ``gate: PASS`` or ``gate: FAIL`` naming each failure."""
+    lines = [
+        f"# gate: regression = (ratio - baseline ratio) x raw CPU us per call, per run; fails when the median "
+        f"over runs and a majority of runs exceed {max_added_us:g} us/call",
+        f"# {'size':>8} {'path':<12} {'base ratio':>10} {'regression':>13} {'runs over':>9}  runs (us)  verdict",
+    ]
+    for v in verdicts:
+        lines.append(
+            f"  {format_size(v.size_bytes):>8} {v.path:<12} {v.baseline_ratio:>10.3f} "
+            f"{v.regression_us:>+10.2f} us "
+            f"{v.runs_over:>5}/{len(v.run_regression_us):<3}  "
+            f"{', '.join(f'{x:+.2f}' for x in v.run_regression_us)}  {'FAIL' if v.failed else 'ok'}"
+        )
+    failed = [v for v in verdicts if v.failed]
+    lines.append(
+        f"gate: {'FAIL' if failed else 'PASS'}: "
+        + (
+            f"delaycomm costs more than {max_added_us:g} us/call over its baseline at "
+            + ", ".join(f"{format_size(v.size_bytes)} {v.path} ({v.regression_us:+.2f} us)" for v in failed)
+            if failed
+            else f"no regression beyond {max_added_us:g} us/call at {len(verdicts)} items"
+        )
+    )
+    return "\n".join(lines)
+
+
+# ---- the ratio gate ---------------------------------------------------------------------------------------------
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,6 @@ measured or read back from a file. Written records carry the derived fields too 
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import statistics
 from typing import Any
@@ -166,15 +165,7 @@ def load(path: str) -> dict[str, Any]:
     Raises:
         BenchFileError: the file is missing, not JSON, or not a delaycomm bench record (naming what is wrong).
     """
-    try:
-        with open(path) as f:
-            record = json.load(f)
-    except FileNotFoundError:
-        raise BenchFileError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise BenchFileError(f"{path}: cannot be read: {e}") from None
-    except json.JSONDecodeError as e:
-        raise BenchFileError(f"{path}: not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+    record = output.read_json(path, BenchFileError)
     try:
         check_record(record)
     except ValueError as e:

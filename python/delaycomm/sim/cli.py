@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from delaycomm._tools import args as argtypes
+from delaycomm._tools import optional
 
 from . import experiments as ex
 from .engine import SimConfig, parse_jitter
@@ -261,7 +262,8 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 def _progress(args: argparse.Namespace, desc: str):
     def wrap(items: Sequence[SimConfig]) -> Iterable[SimConfig]:
-        if args.no_progress:
+        # without tqdm (an optional module: docs/sim.md), no bar, as when stderr is not a terminal
+        if args.no_progress or not optional.progress_enabled("auto", sys.stderr.isatty()):
             return items
         from tqdm import tqdm
 
@@ -517,6 +519,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = build_parser()
     args = parser.parse_args(with_default_command(sys.argv[1:] if argv is None else argv))
+    if args.plot:  # before simulating: a missing matplotlib is bad input, not a traceback after the runs
+        optional.require_for_flag(args.subparser, "--plot", "matplotlib")
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s"
     )

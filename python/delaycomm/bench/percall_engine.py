@@ -1,7 +1,9 @@
 """The per-call cost engine: one process, world size 1, raw backend vs delaycomm, paired blocks of calls.
 
-This module runs inside one measuring process (``bench/percall.py`` starts one per run) and returns that run's raw
-block times; the statistics, the table and the gate are in ``bench/percall.py``.
+This module runs inside one measuring process (``python -m delaycomm.bench percall`` starts one per run, a fresh
+interpreter, through :mod:`delaycomm._tools.launch`; :func:`run_process` is its entry) and returns that run's raw block
+times; the statistics are in :mod:`~delaycomm.bench.percall_results`, the table in :mod:`~delaycomm.bench.percall`,
+the gate in :mod:`~delaycomm.bench.gate`.
 
 What is timed: a *block* is ``calls`` back-to-back calls of one path (below) through one group; its cost per call
 is the process CPU time (every thread of the process: the caller, Gloo's or NCCL's workers, delaycomm's) and the
@@ -22,10 +24,11 @@ import dataclasses
 import gc
 import os
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["PATHS", "Path", "measure", "work", "calibrate"]
+__all__ = ["PATHS", "Path", "measure", "work", "calibrate", "run_process"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -263,8 +266,39 @@ def _check(items: list[dict[str, Any]], dc, calls_made: int) -> dict[str, Any]:
     return {"wrong_elements": wrong, "delaycomm_calls_counted": counted, "delaycomm_calls_made": calls_made}
 
 
-def worker_environment() -> dict[str, str]:
-    """The measuring process's environment: this one without DELAYCOMM_* (nothing configured), one OpenMP thread."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-    env.setdefault("OMP_NUM_THREADS", "1")
-    return env
+def _pin_process(cpu: int) -> None:
+    """Every thread of this process, and every thread it starts from now on, on ``cpu`` alone.
+
+    NOTE: the launcher's fresh interpreter has imported torch before the target runs, so threads may exist already;
+    each is pinned by its id (``sched_setaffinity`` of one id acts on that thread only), and the threads started
+    later (each group's Gloo worker) inherit the caller's mask.
+    """
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except ProcessLookupError:  # a thread that ended meanwhile
+            pass
+    os.sched_setaffinity(0, {cpu})
+
+
+def run_process(rank: int, nproc: int, post, spec: dict[str, Any]) -> dict[str, Any]:
+    """One run in this fresh process (the target of :func:`delaycomm._tools.launch.run_ranks`, one rank).
+
+    Pinned first when ``spec["pin_cpu"]`` names a CPU; then nothing configured: every ``DELAYCOMM_*`` variable is
+    removed from this process's environment before delaycomm reads it (at group creation), and OpenMP gets one
+    thread unless the caller chose otherwise.
+
+    Returns:
+        :func:`measure`'s result with the ``environment`` it was measured in.
+    """
+    if spec.get("pin_cpu") is not None:
+        _pin_process(int(spec["pin_cpu"]))
+    for k in [k for k in os.environ if k.startswith("DELAYCOMM_")]:
+        del os.environ[k]
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    result = measure(spec)
+    from delaycomm.bench.environment import environment
+
+    # environment() reads the device alone of a run's settings
+    result["environment"] = environment(types.SimpleNamespace(device=spec["device"]))  # type: ignore[arg-type]
+    return result
