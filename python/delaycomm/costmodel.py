@@ -156,7 +156,7 @@ def _evaluate(variants: list[list[np.ndarray]], theta: np.ndarray) -> tuple[floa
 
 def _nnls(a: np.ndarray, b: np.ndarray, iters: int = 200) -> np.ndarray:
     """min |a x - b| subject to x >= 0 (Lawson and Hanson's active-set method)."""
-    m, n = a.shape
+    _m, n = a.shape
     x = np.zeros(n)
     passive = np.zeros(n, dtype=bool)
     w = a.T @ (b - a @ x)
@@ -276,8 +276,9 @@ class CostModel:
             raise ModelError(f"cost model: the sources have no {key} table to fit (fitted: {have})")
         return c, self.fits[key]
 
-    def seconds(self, name: str, size: int, topology: Topology, *, algorithm: str | None = None,
-                params_of: str | None = None) -> float:
+    def seconds(
+        self, name: str, size: int, topology: Topology, *, algorithm: str | None = None, params_of: str | None = None
+    ) -> float:
         """The predicted time of ``name`` on ``size`` bytes (nccl-tests' size) at ``topology``.
 
         Args:
@@ -401,9 +402,16 @@ def _fit_one(name: str, obs: list[Observation], max_rounds: int) -> CollectiveFi
         else:
             vals.append(1.0 / theta[j] if theta[j] > 0 else _FASTEST)
     return CollectiveFit(
-        name, vals[0], vals[1], vals[2], vals[3], len(obs), float(np.sqrt(np.mean(resid**2))),
+        name,
+        vals[0],
+        vals[1],
+        vals[2],
+        vals[3],
+        len(obs),
+        float(np.sqrt(np.mean(resid**2))),
         sorted({o.where.rsplit(":", 1)[0] for o in obs if o.where}),
-        _bound(2, variants, final, theta, observed), _bound(3, variants, final, theta, observed),
+        _bound(2, variants, final, theta, observed),
+        _bound(3, variants, final, theta, observed),
     )
 
 

@@ -266,7 +266,12 @@ def main(args) -> int:
             if not args.output:
                 print("error: profile: -o PROFILE.json is required with stats files", file=sys.stderr)
                 return 2
-            write(build(args.stats), args.output)
+            from delaycomm.sources import build as sources  # nccl-tests logs, Kineto traces (docs/profile.md)
+
+            doc, notes = sources.build_profile(args.stats, sources.options_from(args), build)
+            write(doc, args.output)
+            for note in notes:
+                print(f"# {note}", file=sys.stderr)
             print(f"# wrote {args.output}", file=sys.stderr, flush=True)
         target = args.show or args.output
         if args.png:

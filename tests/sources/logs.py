@@ -53,7 +53,9 @@ def header(collective: str, fmt: str = "new") -> list[str]:
             cols.append("root")
         wrong = "error"
     cols += ["time", "algbw", "busbw", wrong] * 2
-    units = ["(B)", "(elements)"] + [""] * (len(cols) - 10) + ["(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)"]
+    units = (
+        ["(B)", "(elements)"] + [""] * (len(cols) - 10) + ["(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)"]
+    )
     return [
         "#                                                              out-of-place                       in-place",
         "#  " + "  ".join(f"{h:>8s}" for h in cols),
@@ -64,7 +66,7 @@ def header(collective: str, fmt: str = "new") -> list[str]:
 def rank_lines(n: int, nodes: int = 1) -> list[str]:
     per = n // nodes
     return [
-        f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {'node%d' % (r // per):>10s} device {r % per:2d} "
+        f"#  Rank {r:2d} Group  0 Pid {1000 + r:6d} on {f'node{r // per}':>10s} device {r % per:2d} "
         f"[0000:{r:02x}:00] NVIDIA H100 80GB HBM3"
         for r in range(n)
     ]

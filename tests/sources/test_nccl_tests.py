@@ -20,7 +20,7 @@ def tables(tmp_path, lines, op=None):
 
 
 def profile(tmp_path, lines, **opts):
-    doc, notes = build.build_profile([write(tmp_path, "log.txt", lines)], build.Options(**opts), _no_stats)
+    doc, _notes = build.build_profile([write(tmp_path, "log.txt", lines)], build.Options(**opts), _no_stats)
     return doc
 
 
@@ -171,8 +171,11 @@ def test_an_unnamed_table_is_told_apart_by_its_columns_or_needs_op(tmp_path):
 def test_a_named_collective_the_numbers_contradict_is_an_error(tmp_path):
     lines = run("all_gather", 8, [64 * MiB])
     lines = [line.replace("all_gather_perf", "all_reduce_perf") for line in lines]
-    with pytest.raises(nccl_tests.NcclTestsError, match=r"named all_reduce by 'Collective test starting: "
-                       r"all_reduce_perf' on line 2 but its columns and numbers are those of all_gather, alltoall"):
+    with pytest.raises(
+        nccl_tests.NcclTestsError,
+        match=r"named all_reduce by 'Collective test starting: "
+        r"all_reduce_perf' on line 2 but its columns and numbers are those of all_gather, alltoall",
+    ):
         tables(tmp_path, lines)
     with pytest.raises(nccl_tests.NcclTestsError, match=r"--op alltoall but the log names this table all_gather"):
         tables(tmp_path, run("all_gather", 8, [64 * MiB]), op="alltoall")
@@ -182,13 +185,22 @@ def test_a_named_collective_the_numbers_contradict_is_an_error(tmp_path):
     "edit, message",
     [
         (lambda ls, i: ls.__setitem__(i, ls[i] + "  7"), r"a table row with 14 fields does not match the column"),
-        (lambda ls, i: ls.__setitem__(i, ls[i].replace("float", "float 12", 1)), r"a table row with 14 fields .*line 16 \(size count"),
-        (lambda ls, i: ls.__setitem__(i, re.sub(r"(\s)(\d+\.\d\d)(\s)", r"\g<1>1.2.3\3", ls[i], count=1)),
-         r"column 'out-of-place time' is '1.2.3' \(expected a number\)"),
-        (lambda ls, i: ls.__setitem__(i, ls[i].replace("   sum", "   sum", 1).replace("  -1  ", "  -x  ", 1)),
-         r"column 'root' is '-x'"),
-        (lambda ls, i: ls.__setitem__(i, re.sub(r"(\s)(\d+\.\d\d)(\s)", r"\g<1>999.00\3", ls[i], count=1)),
-         r"out-of-place algbw .* disagrees with size 1048576 B / time 999.0 us"),
+        (
+            lambda ls, i: ls.__setitem__(i, ls[i].replace("float", "float 12", 1)),
+            r"a table row with 14 fields .*line 16 \(size count",
+        ),
+        (
+            lambda ls, i: ls.__setitem__(i, re.sub(r"(\s)(\d+\.\d\d)(\s)", r"\g<1>1.2.3\3", ls[i], count=1)),
+            r"column 'out-of-place time' is '1.2.3' \(expected a number\)",
+        ),
+        (
+            lambda ls, i: ls.__setitem__(i, ls[i].replace("   sum", "   sum", 1).replace("  -1  ", "  -x  ", 1)),
+            r"column 'root' is '-x'",
+        ),
+        (
+            lambda ls, i: ls.__setitem__(i, re.sub(r"(\s)(\d+\.\d\d)(\s)", r"\g<1>999.00\3", ls[i], count=1)),
+            r"out-of-place algbw .* disagrees with size 1048576 B / time 999.0 us",
+        ),
     ],
 )
 def test_a_row_that_does_not_fit_is_an_error_naming_the_file_and_line(tmp_path, edit, message):

@@ -135,7 +135,9 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
         raise SourceError(f"delaycomm: profile: {e}") from None
     worlds = {t.world_size for t in tables}
     hosts = {len(t.hosts) for t in tables if t.hosts}
-    src = Source(path, "nccl-tests", worlds.pop() if len(worlds) == 1 else None, hosts.pop() if len(hosts) == 1 else None)
+    src = Source(
+        path, "nccl-tests", worlds.pop() if len(worlds) == 1 else None, hosts.pop() if len(hosts) == 1 else None
+    )
     src.backends.add("nccl")
     described = []
     spreads_from_columns = 0
@@ -157,10 +159,18 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
             used[place] = used.get(place, 0) + 1
             if tm.per_iter and "i_p99" in tm.per_iter:
                 pi = tm.per_iter
-                spread = Spread.from_tail(tm.time_us, pi["i_p99"], pi.get("i_min"), pi.get("i_max"),
-                                          pi["i_cv"] / 100 if "i_cv" in pi else None)
-                spread = Spread(spread.p99_over_p50, None if spread.lo is None else spread.lo * 1e3,
-                                None if spread.hi is None else spread.hi * 1e3)
+                spread = Spread.from_tail(
+                    tm.time_us,
+                    pi["i_p99"],
+                    pi.get("i_min"),
+                    pi.get("i_max"),
+                    pi["i_cv"] / 100 if "i_cv" in pi else None,
+                )
+                spread = Spread(
+                    spread.p99_over_p50,
+                    None if spread.lo is None else spread.lo * 1e3,
+                    None if spread.hi is None else spread.hi * 1e3,
+                )
                 spreads_from_columns += 1
             else:
                 spread = Spread(opt.tail)
@@ -332,7 +342,9 @@ _LATENCY = {
 }
 
 
-def build_profile(paths: Sequence[str], opt: Options, stats_build: Callable[[Sequence[str]], dict]) -> tuple[dict, list[str]]:
+def build_profile(
+    paths: Sequence[str], opt: Options, stats_build: Callable[[Sequence[str]], dict]
+) -> tuple[dict, list[str]]:
     """The profile document of the files at ``paths`` and the lines to report (calls without a size, scales).
 
     Args:
@@ -394,8 +406,13 @@ def build_profile(paths: Sequence[str], opt: Options, stats_build: Callable[[Seq
             "nodes": opt.nodes if opt.ranks is not None else _common(s.nodes for s in sources),
             "backends": sorted({b for s in sources for b in s.backends}),
             "latency": "; ".join(_LATENCY[k] for k in sorted({s.kind for s in sources})),
-            "sources": [dict({"path": os.path.abspath(s.path), "kind": s.kind, "world_size": s.world_size,
-                              "nodes": s.nodes}, **s.info) for s in sources],
+            "sources": [
+                dict(
+                    {"path": os.path.abspath(s.path), "kind": s.kind, "world_size": s.world_size, "nodes": s.nodes},
+                    **s.info,
+                )
+                for s in sources
+            ],
             "spread": {
                 "distribution": "lognormal",
                 "p99_over_p50": opt.tail,
@@ -440,7 +457,9 @@ def _unsized(sources: list[Source], report: list[str]) -> dict | None:
             for why, n in s.unsized_why.get(op, {}).items():
                 e["reasons"][why] = e["reasons"].get(why, 0) + n
         for kernel, n in s.info.get("unattributed_kernels", {}).items():
-            report.append(f"{s.path}: {n} {kernel} kernel(s) of no op delaycomm can name (no CPU op says which): left out")
+            report.append(
+                f"{s.path}: {n} {kernel} kernel(s) of no op delaycomm can name (no CPU op says which): left out"
+            )
     for op, e in out.items():
         e["histogram"] = class_entry(0, np.array(e.pop("durations")))
         del e["histogram"]["bytes"]
@@ -504,8 +523,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="which nccl-tests time columns to read (default auto: in-place for all_reduce, broadcast and reduce, "
         "out-of-place for the others, as torch calls them)",
     )
-    g.add_argument("--ranks", type=argtypes.integer(1, 1 << 20), metavar="N", help="re-target to N ranks (needs --nodes)")
-    g.add_argument("--nodes", type=argtypes.integer(1, 1 << 20), metavar="M", help="re-target to M nodes (with --ranks)")
+    g.add_argument(
+        "--ranks", type=argtypes.integer(1, 1 << 20), metavar="N", help="re-target to N ranks (needs --nodes)"
+    )
+    g.add_argument(
+        "--nodes", type=argtypes.integer(1, 1 << 20), metavar="M", help="re-target to M nodes (with --ranks)"
+    )
     g.add_argument(
         "--nics-per-node",
         type=argtypes.integer(1, 1024),
@@ -547,4 +570,3 @@ def options_from(args: argparse.Namespace) -> Options:
         nics_per_node=getattr(args, "nics_per_node", None),
         trace_gpus_per_node=getattr(args, "trace_gpus_per_node", 8),
     )
-

@@ -229,8 +229,16 @@ def _kernel_call(k: dict, by_external: dict, launches: dict, threads: _Threads) 
     name = _get(a, "Collective name")
     if isinstance(name, str) and op_of_trace_name(name):
         nbytes = _nelems_bytes(a)
-        return Call(op_of_trace_name(name), nbytes, dur, group, "kernel args", None if nbytes is not None else
-                    f"the kernel's In msg nelems/dtype are missing or unknown ({_get(a, 'dtype')!r})")
+        return Call(
+            op_of_trace_name(name),
+            nbytes,
+            dur,
+            group,
+            "kernel args",
+            None
+            if nbytes is not None
+            else f"the kernel's In msg nelems/dtype are missing or unknown ({_get(a, 'dtype')!r})",
+        )
     # The CPU op that launched it: record_param_comms by External id, else the ops around the launch.
     candidates = []
     ext = _get(a, "External id", "external id")
@@ -247,12 +255,24 @@ def _kernel_call(k: dict, by_external: dict, launches: dict, threads: _Threads) 
             if op:
                 g = _get(ca, "Group size")
                 nbytes = _nelems_bytes(ca)
-                return Call(op, nbytes, dur, g if isinstance(g, int) and g > 0 else group, "record_param_comms",
-                            None if nbytes is not None else "record_param_comms has no In msg nelems/dtype")
+                return Call(
+                    op,
+                    nbytes,
+                    dur,
+                    g if isinstance(g, int) and g > 0 else group,
+                    "record_param_comms",
+                    None if nbytes is not None else "record_param_comms has no In msg nelems/dtype",
+                )
         if cname.startswith("nccl:") and op_of_trace_name(cname):
             nbytes = _tensor_bytes(ca.get("Input Dims"), ca.get("Input type"))
-            return Call(op_of_trace_name(cname), nbytes, dur, group, "annotation",
-                        None if nbytes is not None else f"the {cname} annotation has no tensor Input Dims/Input type")
+            return Call(
+                op_of_trace_name(cname),
+                nbytes,
+                dur,
+                group,
+                "annotation",
+                None if nbytes is not None else f"the {cname} annotation has no tensor Input Dims/Input type",
+            )
     if kernel_op is None:
         return None
     return Call(kernel_op, None, dur, group, "kernel name", "neither the kernel nor a CPU op around its launch says")

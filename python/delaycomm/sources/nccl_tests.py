@@ -275,7 +275,7 @@ class _Parser:
                 self.fail(
                     lineno,
                     f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
-                    "ran nccl-tests alone (nccl-tests built without MPI?), their tables are no collective of many ranks",
+                    "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
                 )
             self.ranks[rank] = (host, pid)
             return
@@ -302,11 +302,14 @@ class _Parser:
         if self.starting is not None:
             c = collective(self.starting[0])
             if c is None:
-                self.fail(self.starting[1], f"'Collective test starting: {self.starting[0]}' names no collective "
-                          f"delaycomm knows ({OP_NAMES_HELP})")
+                self.fail(
+                    self.starting[1],
+                    f"'Collective test starting: {self.starting[0]}' names no collective "
+                    f"delaycomm knows ({OP_NAMES_HELP})",
+                )
             t.named, t.named_by = c.name, f"'Collective test starting: {self.starting[0]}' on line {self.starting[1]}"
         elif len(self.names) == 1:
-            (name, (where, at)), = self.names.items()
+            ((name, (where, at)),) = self.names.items()
             t.named, t.named_by = name, f"the command line on line {at} ({where!r})"
         t.groups = self.groups(lineno, header)
         self.table = t
@@ -373,7 +376,9 @@ class _Parser:
             if cols["time"] >= len(tokens):
                 continue
             tm = number(cols["time"], f"{name} time", True)
-            per_iter = {k: number(cols[k], f"{name} {k}", False) for k in ("i_min", "i_max", "i_p99", "i_cv") if k in cols}
+            per_iter = {
+                k: number(cols[k], f"{name} {k}", False) for k in ("i_min", "i_max", "i_p99", "i_cv") if k in cols
+            }
             timings[name] = Timing(
                 tm,
                 number(cols["algbw"], f"{name} algbw", False),
