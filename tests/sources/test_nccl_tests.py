@@ -51,7 +51,8 @@ def test_launcher_prefixes_info_lines_and_stripped_hashes_are_read_through(tmp_p
     mpi = [f"[1,{k % 2}]<stdout>:{line}" for k, line in enumerate(body)]
     srun = [f"0: {line}" for line in body]
     stripped = [line.lstrip("#") for line in body]  # a docs page that ate every '#'
-    for lines in (mpi, srun, stripped):
+    stamped = [f"2026-01-02T03:04:{k % 60:02d}.123456789Z {line}" for k, line in enumerate(body)]  # kubectl logs
+    for lines in (mpi, srun, stripped, stamped):
         (t,) = tables(tmp_path, ["+ mpirun -np 2 ./build/all_reduce_perf -b 1K -e 4K", *lines])
         assert (t.collective.name, t.world_size, [r.size for r in t.rows]) == ("all_reduce", 2, [1024, 4096])
 

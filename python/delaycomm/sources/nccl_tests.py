@@ -83,8 +83,11 @@ class Table:
         return f"{self.path}:{self.line}"
 
 
-# A launcher's prefix on a line: Open MPI's --tag-output "[1,0]<stdout>:", srun -l's "0: ", a markdown quote "> ".
-_PREFIX = re.compile(r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?)")
+# A launcher's prefix on a line: Open MPI's --tag-output "[1,0]<stdout>:", srun -l's "0: ", a markdown quote "> ",
+# kubectl logs --timestamps' "2024-05-01T12:00:00.123456789Z ".
+_PREFIX = re.compile(
+    r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s)"
+)
 _RANK = re.compile(r"\bRank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+\d+")
 _STARTING = re.compile(r"Collective test (starting|concluded):\s*(\S+)")
 _PERF_NAME = re.compile(r"(?<![\w-])([a-z_2]+)_perf(?![\w-])")
