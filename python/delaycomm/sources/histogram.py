@@ -74,10 +74,6 @@ class Spread:
             sigma = 0.0
         return Spread(math.exp(_Z99 * sigma), lo, hi)
 
-    def describe(self) -> dict:
-        sigma = math.log(self.p99_over_p50) / _Z99
-        return {"distribution": "lognormal", "p99_over_p50": self.p99_over_p50, "sigma": sigma}
-
 
 def spread_samples(mean_ns: float, spread: Spread, weight: int = SPREAD_WEIGHT) -> np.ndarray:
     """``weight`` points of the lognormal of mean ``mean_ns`` (the quantiles at (i + 0.5) / weight), scaled so that

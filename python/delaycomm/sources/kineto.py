@@ -20,12 +20,12 @@ told (a ``SendRecv`` kernel with no CPU op: a send, a recv or an all_to_all) is 
 from __future__ import annotations
 
 import bisect
-import gzip
 import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from delaycomm.sources.files import read_bytes
 from delaycomm.sources.ops import element_size, op_of_trace_name
 
 __all__ = ["KinetoError", "Call", "Trace", "looks_like", "read_trace"]
@@ -65,16 +65,7 @@ def looks_like(doc: object) -> bool:
 
 def load_json(path: str) -> object:
     """The JSON document at ``path`` (gzip when it starts with gzip's magic)."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise KinetoError(f"trace {path!r} cannot be read ({e.strerror})") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise KinetoError(f"trace {path!r} is not valid gzip ({e})") from None
+    data = read_bytes(path, "trace", KinetoError)
     try:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:

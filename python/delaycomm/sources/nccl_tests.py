@@ -15,11 +15,11 @@ collective the columns contradict are errors naming the file and the line.
 
 from __future__ import annotations
 
-import gzip
 import re
 import statistics
 from dataclasses import dataclass, field
 
+from delaycomm.sources.files import read_bytes
 from delaycomm.sources.ops import COLLECTIVES, OP_NAMES_HELP, Collective, collective, element_size
 
 __all__ = ["NcclTestsError", "Timing", "Row", "Table", "looks_like", "read_tables", "parse", "infer_collective"]
@@ -159,16 +159,7 @@ def looks_like(text: str) -> bool:
 
 def read_text(path: str) -> str:
     """The text of a log (``.gz`` read through gzip), undecodable bytes replaced."""
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise NcclTestsError(f"nccl-tests log {path!r} cannot be read ({e.strerror})") from None
-    if data[:2] == b"\x1f\x8b":
-        try:
-            data = gzip.decompress(data)
-        except (OSError, EOFError) as e:
-            raise NcclTestsError(f"nccl-tests log {path!r} is not valid gzip ({e})") from None
+    data = read_bytes(path, "nccl-tests log", NcclTestsError)
     return data.decode("utf-8", errors="replace")
 
 
