@@ -245,3 +245,36 @@ def test_op_names_of_nccl_tests_torch_and_nccl_are_one_collective():
     assert collective("reduce_scatter_tensor").name == "reduce_scatter"
     assert collective("all_to_all_single").name == collective("AllToAll").name == "alltoall"
     assert collective("isend").name == "sendrecv" and collective("nope") is None
+
+
+def test_the_json_of_nccl_tests_minus_j_reads_as_its_table(tmp_path):
+    """nccl-tests' -J FILE (JSON format 3): the records, the devices and the command line."""
+    import json
+
+    def rec(size, t, per_iter=None):
+        bw = size / t / 1e3
+        r = {"size": size, "count": size // 4, "type": "float", "redop": "sum", "root": "    -1",
+             "out_of_place": {"time": t, "alg_bw": bw, "bus_bw": bw * 1.75, "nwrong": 0},
+             "in_place": {"time": t * 1.1, "alg_bw": bw / 1.1, "bus_bw": bw * 1.75 / 1.1, "nwrong": 0},
+             "actual_iterations": 20, "experiment_name": ""}  # fmt: skip
+        if per_iter:
+            r["in_place_per_iter"] = per_iter
+        return r
+
+    devices = [{"rank": r, "group": 0, "pid": 10 + r, "hostname": f"n{r // 4}", "device": r % 4} for r in range(8)]
+    doc = {"version": 3, "args": ["/opt/nccl-tests/build/all_reduce_perf", "-b", "1M"], "nccl_version": 2,
+           "config": {"iterations": 20, "devices": devices},
+           "results": [rec(MiB, 40.0), rec(64 * MiB, 700.0, {"min_us": 760, "max_us": 900, "p99_us": 850})],
+           }  # fmt: skip
+    p = tmp_path / "run.json"
+    p.write_text(json.dumps(doc))
+    assert build.kind_of(str(p)) == "nccl-tests"
+    (t,) = nccl_tests.read_tables(str(p))
+    assert (t.collective.name, t.world_size, t.hosts, t.params) == ("all_reduce", 8, ["n0", "n1"], {"iters": 20})
+    d, _ = build.build_profile([str(p)], build.Options(), _no_stats)
+    (big,) = [c for c in d["ops"]["allreduce"] if c["bytes"] == 64 * MiB]
+    assert big["sum_ns"] / big["count"] == pytest.approx(770e3) and big["min_ns"] >= 760e3 and big["max_ns"] <= 900e3
+    doc["results"][0]["out_of_place"]["time"] = "fast"
+    p.write_text(json.dumps(doc))
+    with pytest.raises(nccl_tests.NcclTestsError, match=r"run\.json: results\[0\]: field out_of_place\.time is 'fast'"):
+        nccl_tests.read_tables(str(p))

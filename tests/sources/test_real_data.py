@@ -11,7 +11,7 @@ from collections import defaultdict
 
 import pytest
 
-from delaycomm.sources import build, nccl_tests
+from delaycomm.sources import build, nccl_tests, read
 from delaycomm.sources.histogram import size_class_bytes
 
 DATA = os.path.join(os.path.dirname(__file__), "..", "..", "..", "shared", "data")
@@ -50,7 +50,7 @@ def test_every_log_becomes_a_profile_whose_mean_per_op_and_class_is_the_tables_t
             per_rank = (
                 r.count * {"float": 4, "double": 8}[r.dtype] if t.collective.per_rank_bytes_from_count else r.size
             )
-            cls = size_class_bytes(build._row_class_bytes(per_rank))
+            cls = size_class_bytes(read.row_class_bytes(per_rank))
             for op in t.collective.ops:
                 want[(op, cls)].append(r.timings[place].time_us)
     have = {(op, c["bytes"]): (c["count"], c["sum_ns"] / c["count"] / 1e3) for op, cs in doc["ops"].items() for c in cs}

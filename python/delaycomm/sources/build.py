@@ -1,28 +1,33 @@
 """Profiles from production sources: nccl-tests logs and Kineto traces, as measured or re-targeted (docs/profile.md).
 
 ``python -m delaycomm profile SOURCES... -o P.json`` reads each file by its content (delaycomm stats, an nccl-tests
-log, a Kineto trace), turns its calls into samples per (op, size class), and writes the profile document (schema
-v1). With ``--ranks N --nodes M`` it fits the cost model (:mod:`delaycomm.costmodel`) to the sources and scales
-each class to that scale.
+log, a Kineto trace; :mod:`.read`), turns its calls into samples per (op, size class), and writes the profile
+document (schema v1). With ``--ranks N --nodes M`` it fits the cost model (:mod:`delaycomm.costmodel`) to the
+sources and scales each class to that scale.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
 import math
 import os
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
 from delaycomm import costmodel
-from delaycomm.sources import kineto, nccl_tests
-from delaycomm.sources.histogram import Spread, class_entry, size_class_bytes, spread_samples
-from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op, element_size
+from delaycomm.sources.histogram import class_entry, size_class_bytes
+from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op
+from delaycomm.sources.read import (
+    DEFAULT_TAIL,
+    Options,
+    Source,
+    SourceError,
+    kind_of,
+    read_source,
+    row_class_bytes,
+)
 
 __all__ = [
     "SourceError",
@@ -36,228 +41,6 @@ __all__ = [
     "options_from",
 ]
 
-DEFAULT_TAIL = 1.25  # p99/p50 of the spread of a mean (docs/profile.md, "Where production latency comes from")
-_SNAP = 1e-3  # nccl-tests rounds counts down to whole elements per rank: a size this close under 2^k is 2^k
-
-
-class SourceError(ValueError):
-    """A source that cannot be made into a profile (the message names the file, and the line or field)."""
-
-
-@dataclass(frozen=True)
-class Options:
-    """How sources become a profile (the ``profile`` command's flags)."""
-
-    op: str | None = None  # --op: the collective of tables the logs do not name
-    tail: float = DEFAULT_TAIL  # --tail: p99/p50 of the spread of a table's mean
-    placement: str = "auto"  # --placement: auto (as torch calls the op), out-of-place, in-place
-    ranks: int | None = None  # --ranks/--nodes: re-target to this scale
-    nodes: int | None = None
-    nics_per_node: int | None = None
-    trace_gpus_per_node: int = 8  # the GPUs per node of the jobs that wrote the traces
-
-
-@dataclass
-class Source:
-    """What one file gave: samples per (op, bytes), the measurements the model fits, and what it said about itself."""
-
-    path: str
-    kind: str
-    world_size: int | None
-    nodes: int | None
-    samples: dict[tuple[str, int], list[np.ndarray]] = field(default_factory=dict)
-    unsized: dict[str, list[float]] = field(default_factory=dict)
-    unsized_why: dict[str, dict[str, int]] = field(default_factory=dict)
-    observations: list[costmodel.Observation] = field(default_factory=list)
-    info: dict[str, Any] = field(default_factory=dict)
-    backends: set[str] = field(default_factory=set)
-
-    @property
-    def topology(self) -> costmodel.Topology | None:
-        if not self.world_size or not self.nodes:
-            return None
-        try:
-            return costmodel.Topology(self.world_size, self.nodes)
-        except costmodel.ModelError:
-            return None
-
-    def add(self, op: str, nbytes: int, samples: np.ndarray) -> None:
-        self.samples.setdefault((op, int(nbytes)), []).append(samples)
-
-
-def kind_of(path: str) -> str:
-    """``stats``, ``nccl-tests`` or ``kineto``: what the file at ``path`` holds, by its content.
-
-    Raises:
-        SourceError: it cannot be read or is none of them.
-    """
-    try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 16)
-            if head[:2] == b"\x1f\x8b":
-                f.seek(0)
-                with gzip.open(f) as g:
-                    head = g.read(1 << 16)
-    except OSError as e:
-        raise SourceError(f"delaycomm: profile: {path!r} cannot be read ({e.strerror})") from None
-    text = head.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
-    if text.startswith("{") or text.startswith("["):
-        if '"traceEvents"' in text or '"schemaVersion"' in text or (text.startswith("[") and '"ph"' in text):
-            return "kineto"
-        return "stats"
-    if nccl_tests.looks_like(nccl_tests.read_text(path)):
-        return "nccl-tests"
-    raise SourceError(
-        f"delaycomm: profile: {path!r} is not delaycomm stats (JSON), an nccl-tests log (no table header "
-        "'size count type ... time algbw busbw' in it) or a PyTorch profiler trace"
-    )
-
-
-def _placement(c, flag: str) -> tuple[str, str]:
-    if flag == "auto":
-        return ("in-place", "out-of-place") if c.in_place else ("out-of-place", "in-place")
-    return (flag, "in-place" if flag == "out-of-place" else "out-of-place")
-
-
-def _row_class_bytes(nbytes: int) -> int:
-    """The bytes a row counts as: a size just under a power of two (nccl-tests' rounding) is that power of two."""
-    if nbytes > 0:
-        up = 1 << int(nbytes - 1).bit_length()
-        if up != nbytes and (up - nbytes) <= _SNAP * up:
-            return up
-    return nbytes
-
-
-def _read_nccl_tests(path: str, opt: Options) -> Source:
-    try:
-        tables = nccl_tests.read_tables(path, opt.op)
-    except nccl_tests.NcclTestsError as e:
-        raise SourceError(f"delaycomm: profile: {e}") from None
-    worlds = {t.world_size for t in tables}
-    hosts = {len(t.hosts) for t in tables if t.hosts}
-    src = Source(
-        path, "nccl-tests", worlds.pop() if len(worlds) == 1 else None, hosts.pop() if len(hosts) == 1 else None
-    )
-    src.backends.add("nccl")
-    described = []
-    spreads_from_columns = 0
-    for t in tables:
-        c = t.collective
-        first, second = _placement(c, opt.placement)
-        topo = None
-        if t.world_size and t.hosts:
-            try:
-                topo = costmodel.Topology(t.world_size, len(t.hosts), opt.nics_per_node)
-            except costmodel.ModelError:
-                topo = None
-        used = {}
-        for r in t.rows:
-            tm = r.timings.get(first) or r.timings.get(second)
-            if tm is None:
-                continue
-            place = first if first in r.timings else second
-            used[place] = used.get(place, 0) + 1
-            if tm.per_iter and "i_p99" in tm.per_iter:
-                pi = tm.per_iter
-                spread = Spread.from_tail(
-                    tm.time_us,
-                    pi["i_p99"],
-                    pi.get("i_min"),
-                    pi.get("i_max"),
-                    pi["i_cv"] / 100 if "i_cv" in pi else None,
-                )
-                spread = Spread(
-                    spread.p99_over_p50,
-                    None if spread.lo is None else spread.lo * 1e3,
-                    None if spread.hi is None else spread.hi * 1e3,
-                )
-                spreads_from_columns += 1
-            else:
-                spread = Spread(opt.tail)
-            try:
-                nbytes = c.per_rank_bytes(r.size, r.count, element_size(r.dtype), t.world_size)
-            except ValueError as e:
-                raise SourceError(f"delaycomm: profile: nccl-tests log {path}:{r.line}: {e}") from None
-            samples = spread_samples(tm.time_us * 1e3, spread)
-            for op in c.ops:
-                src.add(op, nbytes, samples)
-            if topo is not None and r.size > 0:
-                src.observations.append(
-                    costmodel.Observation(c.name, r.size, topo, tm.time_us * 1e-6, f"{path}:{r.line}")
-                )
-        described.append(
-            {
-                "line": t.line,
-                "collective": c.name,
-                "ops": list(c.ops),
-                "named_by": t.collective_by,
-                "world_size": t.world_size,
-                "world_size_from": t.world_size_by,
-                "nodes": len(t.hosts) or None,
-                "rows": len(t.rows),
-                "placement": used,
-                "elided": t.elided,
-                "validation": t.validation,
-                "iterations": t.params.get("iters"),
-                "versions": t.versions,
-            }
-        )
-    src.info = {"tables": described, "spread_from_per_iteration_columns": spreads_from_columns}
-    return src
-
-
-def _read_kineto(path: str, opt: Options) -> Source:
-    try:
-        tr = kineto.read_trace(path)
-    except kineto.KinetoError as e:
-        raise SourceError(f"delaycomm: profile: {e}") from None
-    gpn = opt.trace_gpus_per_node
-    nodes = max(1, math.ceil(tr.world_size / gpn)) if tr.world_size else None
-    src = Source(path, "kineto", tr.world_size, nodes)
-    if tr.backend:
-        src.backends.add(tr.backend)
-    groups: dict[tuple[str, int, int], list[float]] = {}
-    by_source: dict[str, int] = {}
-    for call in tr.calls:
-        by_source[call.source] = by_source.get(call.source, 0) + 1
-        if call.nbytes is None:
-            src.unsized.setdefault(call.op, []).append(call.dur_ns)
-            why = src.unsized_why.setdefault(call.op, {})
-            why[call.why_unsized or "unknown"] = why.get(call.why_unsized or "unknown", 0) + 1
-            continue
-        src.add(call.op, call.nbytes, np.array([call.dur_ns]))
-        c = collective_of_op(call.op)
-        n = call.group_size or tr.world_size
-        if c is not None and n and call.nbytes > 0:
-            groups.setdefault((c.name, c.total_bytes(call.nbytes, n), n), []).append(call.dur_ns)
-    for (name, size, n), durs in sorted(groups.items()):
-        try:
-            topo = costmodel.Topology(n, math.ceil(n / gpn), opt.nics_per_node)
-        except costmodel.ModelError:
-            continue  # a group that does not fill its nodes evenly: not a scale the model prices
-        src.observations.append(costmodel.Observation(name, size, topo, float(np.median(durs)) * 1e-9, path))
-    src.info = {
-        "rank": tr.rank,
-        "calls": len(tr.calls),
-        "calls_by_size_source": by_source,
-        "unattributed_kernels": tr.unattributed,
-        "nccl_version": tr.nccl_version,
-        "nodes_assumed": f"ceil(world size / {gpn}) (--trace-gpus-per-node)",
-    }
-    return src
-
-
-def read_source(path: str, opt: Options, kind: str | None = None) -> Source:
-    """What the nccl-tests log or Kineto trace at ``path`` gives (its samples and the measurements the model fits).
-
-    Raises:
-        SourceError: the file cannot be read, or is delaycomm stats (read by ``delaycomm.profile.build``).
-    """
-    kind = kind or kind_of(path)
-    if kind == "stats":
-        raise SourceError(f"delaycomm: profile: {path!r} is delaycomm stats, not an nccl-tests log or a trace")
-    return (_read_kineto if kind == "kineto" else _read_nccl_tests)(path, opt)
-
 
 def _merge_samples(parts: list[np.ndarray]) -> np.ndarray:
     return np.concatenate(parts) if len(parts) > 1 else parts[0]
@@ -266,7 +49,7 @@ def _merge_samples(parts: list[np.ndarray]) -> np.ndarray:
 def _classes(samples: dict[tuple[str, int], np.ndarray]) -> dict[str, list[dict]]:
     by: dict[str, dict[int, list[np.ndarray]]] = {}
     for (op, nbytes), x in samples.items():
-        by.setdefault(op, {}).setdefault(size_class_bytes(_row_class_bytes(nbytes)), []).append(x)
+        by.setdefault(op, {}).setdefault(size_class_bytes(row_class_bytes(nbytes)), []).append(x)
     return {
         op: [class_entry(cls, _merge_samples(parts)) for cls, parts in sorted(classes.items())]
         for op, classes in sorted(by.items())
@@ -296,7 +79,7 @@ def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmode
     for i, s in enumerate(sources):
         d = _distance(s.topology, target)
         for op, nbytes in s.samples:
-            key = (op, size_class_bytes(_row_class_bytes(nbytes)))
+            key = (op, size_class_bytes(row_class_bytes(nbytes)))
             if key not in chosen or (d, i) < chosen[key][:2]:
                 chosen[key] = (d, i, s)
     samples: dict[tuple[str, int], np.ndarray] = {}
@@ -306,7 +89,7 @@ def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmode
         if c is None or c.name not in model.fits:
             raise SourceError(f"delaycomm: profile: --ranks: op {op} has no collective the model fits")
         for (sop, nbytes), parts in s.samples.items():
-            if sop != op or size_class_bytes(_row_class_bytes(nbytes)) != cls:
+            if sop != op or size_class_bytes(row_class_bytes(nbytes)) != cls:
                 continue
             src_topo = costmodel.Topology(s.topology.ranks, s.topology.nodes, opt.nics_per_node)
             try:
