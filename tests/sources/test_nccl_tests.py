@@ -150,6 +150,14 @@ def test_world_size_from_the_numbers_when_the_log_has_no_rank_lines(tmp_path):
     assert t.world_size is None  # nothing in a broadcast table says it
 
 
+def test_device_lines_cut_short_by_nccl_tests_do_not_set_the_world_size(tmp_path):
+    lines = run("all_reduce", 16, [64 * MiB, 256 * MiB], nodes=2)
+    first = next(k for k, line in enumerate(lines) if "Rank  4" in line)
+    lines[first : first + 12] = ["..."]  # ranks 4..15 cut: the 2048-character limit of one process's lines
+    (t,) = tables(tmp_path, lines)
+    assert (t.world_size, t.world_size_by, t.nodes) == (16, "busbw / algbw", None)
+
+
 def test_an_unnamed_table_is_told_apart_by_its_columns_or_needs_op(tmp_path):
     # Old all_reduce: the redop column without root, size = count x 4, busbw/algbw = 2(n-1)/n: nothing else fits.
     (t,) = tables(tmp_path, run("all_reduce", 16, [64 * MiB], fmt="old", starting=False))

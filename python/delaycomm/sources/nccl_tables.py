@@ -47,6 +47,7 @@ class Table:
     named: str | None = None  # the collective the log names
     named_by: str | None = None
     ranks: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (host, pid)
+    ranks_cut: bool = False  # nccl-tests cut the device lines short ("..."): they do not list every rank
     params: dict[str, int] = field(default_factory=dict)
     versions: dict[str, str] = field(default_factory=dict)
     groups: list[tuple[str, dict[str, int]]] = field(default_factory=list)  # placement -> {column: field}
@@ -62,6 +63,11 @@ class Table:
     @property
     def hosts(self) -> list[str]:
         return sorted({h for h, _ in self.ranks.values()})
+
+    @property
+    def nodes(self) -> int | None:
+        """The nodes the run spanned, when its rank lines list every rank."""
+        return len(self.hosts) if self.ranks and not self.ranks_cut else None
 
     @property
     def where(self) -> str:

@@ -98,12 +98,13 @@ class _Parser:
         self.params: dict[str, int] = {}
         self.versions: dict[str, str] = {}
         self.placements: list[str] | None = None
+        self.ranks_cut = False
 
     def fail(self, lineno: int, why: str) -> None:
         raise NcclTestsError(f"nccl-tests log {self.path}:{lineno}: {why}")
 
     def new_run(self) -> None:
-        self.ranks, self.params, self.placements = {}, {}, None
+        self.ranks, self.params, self.placements, self.ranks_cut = {}, {}, None, False
 
     def feed(self, lineno: int, raw: str) -> None:
         line = _strip(raw)
@@ -149,6 +150,8 @@ class _Parser:
         if text == "..." or text == "…":
             if self.table is not None:
                 self.table.elided = True
+            elif self.ranks:  # nccl-tests cuts a process's device lines at 2048 characters with "..."
+                self.ranks_cut = True
             return
         m = _PARAMS.search(text)
         if m:
@@ -188,7 +191,7 @@ class _Parser:
 
     def open_table(self, lineno: int, header: list[str]) -> None:
         self.close()
-        t = Table(self.path, lineno, header, ranks=dict(self.ranks), params=dict(self.params))
+        t = Table(self.path, lineno, header, ranks=dict(self.ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
         t.versions = dict(self.versions)
         if self.starting is not None:
             c = collective(self.starting[0])

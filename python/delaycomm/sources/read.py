@@ -120,7 +120,7 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
     except nccl_tests.NcclTestsError as e:
         raise SourceError(f"delaycomm: profile: {e}") from None
     worlds = {t.world_size for t in tables}
-    hosts = {len(t.hosts) for t in tables if t.hosts}
+    hosts = {t.nodes for t in tables if t.nodes}
     src = Source(
         path, "nccl-tests", worlds.pop() if len(worlds) == 1 else None, hosts.pop() if len(hosts) == 1 else None
     )
@@ -131,9 +131,9 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
         c = t.collective
         first, second = _placement(c, opt.placement)
         topo = None
-        if t.world_size and t.hosts:
+        if t.world_size and t.nodes:
             try:
-                topo = costmodel.Topology(t.world_size, len(t.hosts), opt.nics_per_node)
+                topo = costmodel.Topology(t.world_size, t.nodes, opt.nics_per_node)
             except costmodel.ModelError:
                 topo = None
         used = {}
@@ -177,7 +177,7 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
                 "named_by": t.collective_by,
                 "world_size": t.world_size,
                 "world_size_from": t.world_size_by,
-                "nodes": len(t.hosts) or None,
+                "nodes": t.nodes,
                 "rows": len(t.rows),
                 "placement": used,
                 "elided": t.elided,
