@@ -15,7 +15,8 @@ busbw, so the same as measured time / predicted time - 1):
 
   python bench/costmodel_validate.py --out bench/results/2026-12-03-vm2core-costmodel
 
-Writes OUT/costmodel.json and OUT/README.md (tables generated from the JSON). Pure NumPy; about a second.
+Writes OUT/costmodel.json and OUT/README.md (tables generated from the JSON). Pure NumPy; a few seconds, most
+of them importing delaycomm.
 """
 
 from __future__ import annotations
