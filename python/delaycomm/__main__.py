@@ -42,10 +42,18 @@ def main(argv: list[str] | None = None) -> int:
         description="Merge the stats files (DELAYCOMM_STATS) of the ranks of one or more jobs into a latency "
         "profile, per op and size class; replay it with DELAYCOMM_DELAY=profile:PROFILE.json (docs/profile.md).",
     )
-    pp.add_argument("stats", nargs="*", metavar="STATS", help="stats files (JSON) of every rank of the jobs")
+    pp.add_argument(
+        "stats",
+        nargs="*",
+        metavar="SOURCE",
+        help="stats files (JSON) of every rank of the jobs, nccl-tests logs, PyTorch profiler traces (by content)",
+    )
     pp.add_argument("-o", "--output", metavar="PROFILE.json", help="write the profile here")
     pp.add_argument("--show", metavar="PROFILE.json", help="print a profile as a table")
     pp.add_argument("--png", metavar="FILE.png", help="plot the quantiles per size (needs matplotlib)")
+    from delaycomm.sources.build import add_arguments
+
+    add_arguments(pp)
     args = parser.parse_args(argv)
     if args.command == "profile":
         from delaycomm import profile

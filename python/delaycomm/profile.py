@@ -331,9 +331,7 @@ def plot(path: str, png: str, loaded: tuple[dict[str, Any], Any] | None = None) 
     except ImportError:
         from delaycomm._tools.optional import missing_message
 
-        raise ProfileError(
-            f"delaycomm: profile: --png: {missing_message('matplotlib')}; the profile was written"
-        ) from None
+        raise ProfileError(f"--png: {missing_message('matplotlib')}; the profile was written") from None
     doc, spec = loaded or load(path)
     rows = profile_rows(spec)
     ops = list(dict.fromkeys(r["op"] for r in rows))
@@ -381,7 +379,12 @@ def _run(args) -> int:
     if args.png:
         check_output(args.png, [*inputs, target], "--png")
     if args.stats:
-        write(build(inputs), args.output, inputs)
+        from delaycomm.sources import build as sources  # nccl-tests logs, Kineto traces (docs/profile.md)
+
+        doc, notes = sources.build_profile(inputs, sources.options_from(args), build)
+        write(doc, args.output, inputs)
+        for note in notes:
+            print(f"# {note}", file=sys.stderr)
         print(f"# wrote {args.output}", file=sys.stderr, flush=True)
     loaded = load(target) if (args.png or args.show) else None
     if args.png:
@@ -399,6 +402,9 @@ def main(args) -> int:
 
     try:
         return _run(args)
-    except FileError as e:  # ProfileError, and the readers' and the schema's errors: each names the file
-        print(f"error: delaycomm: profile: {e}", file=sys.stderr)
+    except ValueError as e:  # FileError (each names the file), and the sources' errors naming the file and line
+        message = str(e)
+        if not message.startswith("delaycomm: "):
+            message = f"delaycomm: profile: {message}"
+        print(f"error: {message}", file=sys.stderr)
         return 2

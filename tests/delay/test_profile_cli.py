@@ -229,7 +229,7 @@ def test_a_fifo_or_an_endless_input_is_refused_without_blocking_or_reading_it(tm
     proc = run_cli(["-c", _IN_CHILD, "fifo.json", "/dev/zero"], timeout=120)
     assert proc.stdout.split() == ["2", "2"], proc.stderr[-2000:]
     lines = proc.stderr.splitlines()
-    assert "error: delaycomm: profile: stats file 'fifo.json' is a FIFO (expected a regular file)" in lines
-    assert "error: delaycomm: profile: stats file '/dev/zero' is a character device (expected a regular file)" in lines
+    assert "error: delaycomm: profile: file 'fifo.json' is a FIFO (expected a regular file)" in lines
+    assert "error: delaycomm: profile: file '/dev/zero' is a character device (expected a regular file)" in lines
     assert "Traceback" not in proc.stderr
     assert not os.path.exists("out.json")

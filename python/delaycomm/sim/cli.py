@@ -127,6 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="fixed push+pull time per step, paid by the worker (default 0.07)",
     )
     c.add_argument(
+        "--comm-model",
+        metavar="FILE",
+        help="price --comm as the all-reduce of --comm-bytes over the workers by this cost model (a profile made "
+        "with 'python -m delaycomm profile ... --ranks N', or its metadata.costmodel; docs/costmodel.md)",
+    )
+    c.add_argument("--comm-bytes", type=argtypes.size, metavar="SIZE", help="bytes each worker all-reduces per step")
+    c.add_argument("--comm-nodes", type=count, metavar="M", help="nodes the workers span, for --comm-model (default 1)")
+    c.add_argument(
         "--jitter",
         type=jitter_arg,
         metavar="SPEC",
@@ -252,12 +260,32 @@ def _overrides(args: argparse.Namespace) -> dict:
         value = getattr(args, name, None)
         if value is not None:
             out[name] = value
+    if getattr(args, "comm_model", None) is not None:
+        out["comm"] = _modelled_comm(args, out.get("workers", ex.seed002_config().workers))
+    elif getattr(args, "comm_bytes", None) is not None or getattr(args, "comm_nodes", None) is not None:
+        raise ValueError("--comm-bytes and --comm-nodes need --comm-model FILE")
     base = ex.seed002_config()
     if args.lr is not None:
         out["step"] = dataclasses.replace(base.step, lr=args.lr)
     if args.batch is not None:
         out["problem"] = dataclasses.replace(base.problem, batch=args.batch)
     return out
+
+
+def _modelled_comm(args: argparse.Namespace, workers: int) -> float:
+    """--comm from the cost model: the all-reduce of --comm-bytes over the workers, as NCCL would pick it."""
+    from delaycomm import costmodel
+
+    if args.comm is not None:
+        raise ValueError("--comm and --comm-model both set the step's communication time: give one")
+    if args.comm_bytes is None:
+        raise ValueError("--comm-model needs --comm-bytes SIZE (the bytes each worker all-reduces per step)")
+    nodes = args.comm_nodes or 1
+    try:
+        model = costmodel.load(args.comm_model)
+        return model.seconds("all_reduce", args.comm_bytes, costmodel.Topology(workers, nodes))
+    except costmodel.ModelError as e:
+        raise ValueError(f"--comm-model: {e}") from None
 
 
 def _progress(args: argparse.Namespace, desc: str):

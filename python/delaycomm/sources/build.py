@@ -1,0 +1,355 @@
+"""Profiles from production sources: nccl-tests logs and Kineto traces, as measured or re-targeted (docs/profile.md).
+
+``python -m delaycomm profile SOURCES... -o P.json`` reads each file by its content (delaycomm stats, an nccl-tests
+log, a Kineto trace; :mod:`.read`), turns its calls into samples per (op, size class), and writes the profile
+document (schema v1). With ``--ranks N --nodes M`` it fits the cost model (:mod:`delaycomm.costmodel`) to the
+sources and scales each class to that scale.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from delaycomm import _schema, costmodel
+from delaycomm.sources.histogram import class_entry, size_class_bytes
+from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op
+from delaycomm.sources.read import (
+    DEFAULT_TAIL,
+    Options,
+    Source,
+    SourceError,
+    kind_of,
+    read_source,
+    row_class_bytes,
+)
+
+__all__ = [
+    "SourceError",
+    "Options",
+    "Source",
+    "DEFAULT_TAIL",
+    "kind_of",
+    "read_source",
+    "build_profile",
+    "add_arguments",
+    "options_from",
+]
+
+
+def _merge_samples(parts: list[np.ndarray]) -> np.ndarray:
+    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+
+
+def _classes(samples: dict[tuple[str, int], np.ndarray]) -> dict[str, list[dict]]:
+    by: dict[str, dict[int, list[np.ndarray]]] = {}
+    for (op, nbytes), x in samples.items():
+        by.setdefault(op, {}).setdefault(size_class_bytes(row_class_bytes(nbytes)), []).append(x)
+    return {
+        op: [class_entry(cls, _merge_samples(parts)) for cls, parts in sorted(classes.items())]
+        for op, classes in sorted(by.items())
+    }
+
+
+def _distance(a: costmodel.Topology, b: costmodel.Topology) -> float:
+    return abs(math.log(a.ranks / b.ranks)) + abs(math.log(a.nodes / b.nodes))
+
+
+def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmodel.CostModel]:
+    """Each (op, size class) from the source nearest the target scale, its samples scaled by the model's ratio of
+    the target's time to the source's."""
+    target = costmodel.Topology(opt.ranks, opt.nodes, opt.nics_per_node)
+    for s in sources:
+        if s.topology is None:
+            raise SourceError(
+                f"delaycomm: profile: --ranks: {s.path!r} does not say its scale (world size {s.world_size}, nodes "
+                f"{s.nodes}): the model needs both (rank lines with host names in an nccl-tests log)"
+            )
+    obs = [o for s in sources for o in s.observations]
+    try:
+        model = costmodel.fit(obs)
+    except costmodel.ModelError as e:
+        raise SourceError(f"delaycomm: profile: --ranks: {e}") from None
+    chosen: dict[tuple[str, int], tuple[float, int, Source]] = {}
+    for i, s in enumerate(sources):
+        d = _distance(s.topology, target)
+        for op, nbytes in s.samples:
+            key = (op, size_class_bytes(row_class_bytes(nbytes)))
+            if key not in chosen or (d, i) < chosen[key][:2]:
+                chosen[key] = (d, i, s)
+    samples: dict[tuple[str, int], np.ndarray] = {}
+    notes: dict[str, list[dict]] = {}
+    for (op, cls), (_, _, s) in sorted(chosen.items()):
+        c = collective_of_op(op)
+        if c is None or c.name not in model.fits:
+            raise SourceError(f"delaycomm: profile: --ranks: op {op} has no collective the model fits")
+        for (sop, nbytes), parts in s.samples.items():
+            if sop != op or size_class_bytes(row_class_bytes(nbytes)) != cls:
+                continue
+            src_topo = costmodel.Topology(s.topology.ranks, s.topology.nodes, opt.nics_per_node)
+            try:
+                t_src = model.seconds(c.name, c.total_bytes(max(nbytes, 1), src_topo.ranks), src_topo)
+                t_dst = model.seconds(c.name, c.total_bytes(max(nbytes, 1), target.ranks), target)
+                algo = model.algorithm(c.name, c.total_bytes(max(nbytes, 1), target.ranks), target)
+            except costmodel.ModelError as e:
+                raise SourceError(f"delaycomm: profile: --ranks: {e}") from None
+            ratio = t_dst / t_src if t_src > 0 else 1.0
+            samples[(op, nbytes)] = _merge_samples(parts) * ratio
+            notes.setdefault(op, []).append(
+                {"bytes": nbytes, "from": s.path, "scale": ratio, "algorithm": algo, "predicted_us": t_dst * 1e6}
+            )
+    meta = {
+        "ranks": target.ranks,
+        "nodes": target.nodes,
+        "gpus_per_node": target.gpus_per_node,
+        "nics_per_node": opt.nics_per_node or target.gpus_per_node,
+        "rule": "each (op, size class) from the source nearest this scale (|ln ranks ratio| + |ln nodes ratio|), "
+        "its samples times the model's time here / its time at the source's scale",
+        "sources": [{"path": s.path, "ranks": s.topology.ranks, "nodes": s.topology.nodes} for s in sources],
+        "classes": notes,
+    }
+    return samples, meta, model
+
+
+_LATENCY = {
+    "nccl-tests": "nccl-tests: the mean GPU time per call of back-to-back calls (its 'time' column), spread into a "
+    "distribution (metadata.spread)",
+    "kineto": "Kineto: NCCL kernels' GPU time on the stream, and gloo:* events' CPU time from the start of the work "
+    "to its end",
+    "stats": "caller-experienced, from the call until wait() returns or the future completes",
+}
+
+
+def build_profile(
+    paths: Sequence[str], opt: Options, stats_build: Callable[[Sequence[str]], dict]
+) -> tuple[dict, list[str]]:
+    """The profile document of the files at ``paths`` and the lines to report (calls without a size, scales).
+
+    Args:
+        paths: stats files, nccl-tests logs and Kineto traces, in any mix.
+        opt: the command's flags.
+        stats_build: the builder of profiles from stats files (``delaycomm.profile.build``).
+
+    Raises:
+        SourceError: a file cannot be read or made into a profile (the message names it).
+    """
+    kinds = {p: kind_of(p) for p in paths}
+    stats = [p for p in paths if kinds[p] == "stats"]
+    others = [p for p in paths if kinds[p] != "stats"]
+    if not others:
+        if opt.ranks is not None or opt.op is not None:
+            raise SourceError(
+                "delaycomm: profile: --ranks/--nodes and --op apply to nccl-tests logs and Kineto traces; the "
+                "files given are delaycomm stats"
+            )
+        return stats_build(stats), []
+    if opt.ranks is not None and stats:
+        raise SourceError(
+            f"delaycomm: profile: --ranks re-targets nccl-tests logs and traces; {stats[0]!r} is delaycomm stats "
+            "(latency measured by delaycomm is not re-targeted: build it into a profile of its own)"
+        )
+    sources = [read_source(p, opt, kinds[p]) for p in others]
+    report: list[str] = []
+    retarget_meta = model = None
+    if opt.ranks is not None:
+        samples, retarget_meta, model = _retarget(sources, opt)
+        world = opt.ranks
+    else:
+        worlds = {s.world_size for s in sources}
+        if len(worlds) > 1:
+            shown = ", ".join(f"{s.world_size} in {s.path!r}" for s in sources)
+            raise SourceError(
+                f"delaycomm: profile: the sources come from different world sizes ({shown}); a profile is for one "
+                "world size: build one per world size, or give --ranks N --nodes M to re-target them all to one"
+            )
+        world = worlds.pop()
+        merged: dict[tuple[str, int], list[np.ndarray]] = {}
+        for s in sources:
+            for key, parts in s.samples.items():
+                merged.setdefault(key, []).extend(parts)
+        samples = {k: _merge_samples(v) for k, v in merged.items()}
+    if not samples:
+        raise SourceError(
+            f"delaycomm: profile: the sources hold no call of known size ({', '.join(others)}): nothing to replay"
+        )
+    ops = _classes(samples)
+    unsized = _unsized(sources, report)
+    doc = {
+        "format": _schema.FORMAT,
+        "version": _schema.VERSION,
+        "histogram": {"base": _schema.HISTOGRAM_BASE, "unit": "ns"},
+        "metadata": {
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "world_size": world,
+            "nodes": opt.nodes if opt.ranks is not None else _common(s.nodes for s in sources),
+            "backends": sorted({b for s in sources for b in s.backends}),
+            "latency": "; ".join(_LATENCY[k] for k in sorted({s.kind for s in sources})),
+            "sources": [
+                dict(
+                    {"path": os.path.abspath(s.path), "kind": s.kind, "world_size": s.world_size, "nodes": s.nodes},
+                    **s.info,
+                )
+                for s in sources
+            ],
+            "spread": {
+                "distribution": "lognormal",
+                "p99_over_p50": opt.tail,
+                "sigma": math.log(opt.tail) / 2.3263478740408408,
+                "mean": "equals the table's time (the mean of nccl-tests' timed iterations)",
+                "weight": "each table row is 1000 points of its distribution (a row weighs as 1000 calls)",
+                "set_by": "--tail P99/P50 (1: every draw the table's time); nccl-tests' per-iteration columns "
+                "(i_p99, i_min, i_max), when printed, set the row's spread instead",
+            }
+            if any(s.kind == "nccl-tests" for s in sources)
+            else None,
+            "placement": opt.placement,
+            "unsized": unsized,
+        },
+        "ops": ops,
+    }
+    if retarget_meta is not None:
+        doc["metadata"]["retargeted"] = retarget_meta
+        doc["metadata"]["costmodel"] = model.as_dict()
+        report.append(
+            f"re-targeted to {opt.ranks} ranks on {opt.nodes} node(s) with the cost model fitted to "
+            f"{sum(len(s.observations) for s in sources)} measurement(s) (docs/costmodel.md)"
+        )
+    if stats:
+        doc = _merge_stats(doc, stats_build(stats), stats)
+    return doc, report
+
+
+def _common(values) -> int | None:
+    vs = set(values)
+    return vs.pop() if len(vs) == 1 else None
+
+
+def _unsized(sources: list[Source], report: list[str]) -> dict | None:
+    out: dict[str, dict] = {}
+    for s in sources:
+        for op, durs in s.unsized.items():
+            e = out.setdefault(op, {"calls": 0, "reasons": {}, "sources": [], "durations": []})
+            e["calls"] += len(durs)
+            e["durations"].extend(durs)
+            e["sources"].append(s.path)
+            for why, n in s.unsized_why.get(op, {}).items():
+                e["reasons"][why] = e["reasons"].get(why, 0) + n
+        for kernel, n in s.info.get("unattributed_kernels", {}).items():
+            report.append(
+                f"{s.path}: {n} {kernel} kernel(s) of no op delaycomm can name (no CPU op says which): left out"
+            )
+    for op, e in out.items():
+        e["histogram"] = class_entry(0, np.array(e.pop("durations")))
+        del e["histogram"]["bytes"]
+        report.append(
+            f"{e['calls']} {op} call(s) of unknown size: kept in metadata.unsized (the op's pooled distribution, "
+            f"not replayed per size): {'; '.join(f'{n} {w}' for w, n in e['reasons'].items())}"
+        )
+    return out or None
+
+
+def _merge_stats(doc: dict, stats_doc: dict, stats: list[str]) -> dict:
+    """The sources' profile with the stats files' classes added (same world size only)."""
+    w = stats_doc["metadata"].get("world_size")
+    if w != doc["metadata"]["world_size"]:
+        raise SourceError(
+            f"delaycomm: profile: the stats files are of world size {w} and the other sources of "
+            f"{doc['metadata']['world_size']}; a profile is for one world size"
+        )
+    for op, classes in stats_doc["ops"].items():
+        mine = {c["bytes"]: c for c in doc["ops"].setdefault(op, [])}
+        for c in classes:
+            m = mine.get(c["bytes"])
+            if m is None:
+                mine[c["bytes"]] = dict(c)
+                continue
+            buckets: dict[int, int] = {}
+            for i, n in m["buckets"] + c["buckets"]:
+                buckets[i] = buckets.get(i, 0) + n
+            m.update(
+                count=m["count"] + c["count"],
+                zeros=m.get("zeros", 0) + c.get("zeros", 0),
+                min_ns=min(m["min_ns"], c["min_ns"]),
+                max_ns=max(m["max_ns"], c["max_ns"]),
+                sum_ns=m.get("sum_ns", 0.0) + c.get("sum_ns", 0.0),
+                buckets=[[i, n] for i, n in sorted(buckets.items())],
+            )
+        doc["ops"][op] = [mine[b] for b in sorted(mine)]
+    doc["metadata"]["sources"].extend({"path": os.path.abspath(p), "kind": "stats"} for p in stats)
+    doc["metadata"]["latency"] += "; " + _LATENCY["stats"]
+    return doc
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``profile`` command's flags for nccl-tests logs and traces (docs/profile.md)."""
+    from delaycomm._tools import args as argtypes
+
+    g = parser.add_argument_group("nccl-tests logs and PyTorch profiler traces (docs/profile.md)")
+    g.add_argument("--op", metavar="NAME", help=f"the collective of tables a log does not name: {OP_NAMES_HELP}")
+    g.add_argument(
+        "--tail",
+        type=argtypes.number(1.0, 1e3),
+        default=DEFAULT_TAIL,
+        metavar="P99/P50",
+        help=f"the spread of an nccl-tests mean: a lognormal of that p99/p50 whose mean is the table's time "
+        f"(default {DEFAULT_TAIL}; 1: no spread)",
+    )
+    g.add_argument(
+        "--placement",
+        choices=("auto", "out-of-place", "in-place"),
+        default="auto",
+        help="which nccl-tests time columns to read (default auto: in-place for all_reduce, broadcast and reduce, "
+        "out-of-place for the others, as torch calls them)",
+    )
+    g.add_argument(
+        "--ranks", type=argtypes.integer(1, 1 << 20), metavar="N", help="re-target to N ranks (needs --nodes)"
+    )
+    g.add_argument(
+        "--nodes", type=argtypes.integer(1, 1 << 20), metavar="M", help="re-target to M nodes (with --ranks)"
+    )
+    g.add_argument(
+        "--nics-per-node",
+        type=argtypes.integer(1, 1024),
+        metavar="K",
+        help="NICs per node of the target and the sources (default: one per GPU)",
+    )
+    g.add_argument(
+        "--trace-gpus-per-node",
+        type=argtypes.integer(1, 1024),
+        default=8,
+        metavar="G",
+        help="GPUs per node of the jobs that wrote the traces (for the model; default 8)",
+    )
+
+
+def options_from(args: argparse.Namespace) -> Options:
+    """The :class:`Options` of parsed ``profile`` arguments.
+
+    Raises:
+        SourceError: --ranks without --nodes (or the reverse), a scale the model refuses, or an unknown --op.
+    """
+    ranks, nodes = getattr(args, "ranks", None), getattr(args, "nodes", None)
+    if (ranks is None) != (nodes is None):
+        raise SourceError("delaycomm: profile: --ranks N and --nodes M go together (the scale to re-target to)")
+    if ranks is not None:
+        try:
+            costmodel.Topology(ranks, nodes, getattr(args, "nics_per_node", None))
+        except costmodel.ModelError as e:
+            raise SourceError(f"delaycomm: profile: --ranks {ranks} --nodes {nodes}: {e}") from None
+    op = getattr(args, "op", None)
+    if op is not None and collective(op) is None:
+        raise SourceError(f"delaycomm: profile: --op {op!r} names no collective; expected {OP_NAMES_HELP}")
+    return Options(
+        op=op,
+        tail=getattr(args, "tail", DEFAULT_TAIL),
+        placement=getattr(args, "placement", "auto"),
+        ranks=ranks,
+        nodes=nodes,
+        nics_per_node=getattr(args, "nics_per_node", None),
+        trace_gpus_per_node=getattr(args, "trace_gpus_per_node", 8),
+    )

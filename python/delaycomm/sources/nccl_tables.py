@@ -1,0 +1,78 @@
+"""The tables nccl-tests prints, as the readers hand them on (:mod:`.nccl_tests` reads text and JSON logs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from delaycomm.sources.ops import Collective
+
+__all__ = ["NcclTestsError", "Timing", "Row", "Table"]
+
+
+class NcclTestsError(ValueError):
+    """An nccl-tests log that cannot be read (the message names the file, the line and what is wrong)."""
+
+
+@dataclass
+class Timing:
+    """One placement's columns of a row: its mean time (us), bandwidths (GB/s), wrong count, per-iteration stats."""
+
+    time_us: float
+    algbw: float | None
+    busbw: float | None
+    wrong: str | None
+    per_iter: dict[str, float] | None = None
+
+
+@dataclass
+class Row:
+    line: int
+    size: int
+    count: int
+    dtype: str
+    redop: str | None
+    root: int | None
+    timings: dict[str, Timing]  # "out-of-place" / "in-place"
+
+
+@dataclass
+class Table:
+    """One table of a log: its rows and what the log says about the run that printed it."""
+
+    path: str
+    line: int  # the column header's line
+    header: list[str]
+    header_text: str = ""  # the header as printed
+    rows: list[Row] = field(default_factory=list)
+    named: str | None = None  # the collective the log names
+    named_by: str | None = None
+    ranks: dict[int, tuple[str, int]] = field(default_factory=dict)  # rank -> (host, pid)
+    ranks_cut: bool = False  # nccl-tests cut the device lines short ("..."): they do not list every rank
+    params: dict[str, int] = field(default_factory=dict)
+    versions: dict[str, str] = field(default_factory=dict)
+    groups: list[tuple[str, dict[str, int]]] = field(default_factory=list)  # placement -> {column: field}
+    elided: bool = False
+    validation: str | None = None  # the footer's "Out of bounds values" verdict
+    from_json: bool = False  # read from nccl-tests' -J JSON (Row.line is the index in its results)
+    # Resolved by resolve():
+    collective: Collective | None = None
+    collective_by: str | None = None
+    world_size: int | None = None
+    world_size_by: str | None = None
+
+    @property
+    def hosts(self) -> list[str]:
+        return sorted({h for h, _ in self.ranks.values()})
+
+    @property
+    def nodes(self) -> int | None:
+        """The nodes the run spanned, when its rank lines list every rank."""
+        return len(self.hosts) if self.ranks and not self.ranks_cut else None
+
+    @property
+    def where(self) -> str:
+        return f"{self.path}:{self.line}" if not self.from_json else f"{self.path} (nccl-tests JSON)"
+
+    def at(self, row: Row) -> str:
+        """Where a row is, for messages: ``FILE:LINE`` of a log, ``FILE: results[i]`` of a JSON file."""
+        return f"{self.path}: results[{row.line}]" if self.from_json else f"{self.path}:{row.line}"

@@ -1,0 +1,319 @@
+"""The text of nccl-tests' stdout: its column headers, rows, rank lines and footers, and what to skip around them
+(:mod:`.nccl_tests` has the whole story)."""
+
+from __future__ import annotations
+
+import re
+
+from delaycomm.sources.nccl_tables import NcclTestsError, Row, Table, Timing
+from delaycomm.sources.ops import OP_NAMES_HELP, collective
+
+__all__ = ["looks_like", "parse"]
+
+
+# A launcher's prefix on a line: Open MPI's --tag-output "[1,0]<stdout>:", srun -l's "0: ", a markdown quote "> ",
+# kubectl logs --timestamps' "2024-05-01T12:00:00.123456789Z ".
+_PREFIX = re.compile(
+    r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s)"
+)
+_RANK = re.compile(r"\bRank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+\d+")
+_STARTING = re.compile(r"Collective test (starting|concluded):\s*(\S+)")
+_PERF_NAME = re.compile(r"(?<![\w-])([a-z_2]+)_perf(?![\w-])")
+_BARE_NAME = re.compile(r"(?<![\w-])(all_reduce|all_gather|reduce_scatter|alltoall|sendrecv)(?![\w-])")
+_PARAMS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxBytes\s+(\d+)")
+_ITERS = re.compile(r"(warmup iters|agg iters|iters):\s*(\d+)")
+_VERSION = re.compile(r"\b(nccl-tests|rccl-tests|NCCL|RCCL)\s+version\s*:?\s*(\S+)")
+_INT = re.compile(r"\d+")
+
+# Header labels, as the versions of nccl-tests print them, to one name.
+_LABELS = {
+    "size": "size",
+    "bytes": "size",
+    "count": "count",
+    "n": "count",
+    "type": "type",
+    "redop": "redop",
+    "op": "redop",
+    "root": "root",
+    "time": "time",
+    "cputime": "time",
+    "algbw": "algbw",
+    "busbw": "busbw",
+    "#wrong": "wrong",
+    "wrong": "wrong",
+    "error": "wrong",
+    "res": "wrong",
+    "#bitdiff": "bitdiff",
+    "i_min": "i_min",
+    "i_max": "i_max",
+    "i_p99": "i_p99",
+    "i_cv%": "i_cv",
+    "timestamp": "timestamp",
+}
+_LEADING = ("size", "count", "type", "redop", "root")
+
+
+def _strip(line: str) -> str:
+    """The line without launcher prefixes and trailing blanks (``#`` kept)."""
+    line = line.rstrip()
+    for _ in range(3):
+        m = _PREFIX.match(line)
+        if not m or not m.group(0):
+            break
+        line = line[m.end() :]
+    return line
+
+
+def _uncomment(line: str) -> str:
+    return line.lstrip().lstrip("#").strip()
+
+
+def _header_of(text: str) -> list[str] | None:
+    """The normalised column labels when ``text`` (uncommented) is a table's column header, else None."""
+    tokens = text.split()
+    if len(tokens) < 6 or tokens[0].lower() not in ("size", "bytes"):
+        return None
+    labels = [_LABELS.get(t.lower()) for t in tokens]
+    if None in labels or "time" not in labels or "algbw" not in labels or "busbw" not in labels:
+        return None
+    return labels  # type: ignore[return-value]
+
+
+def looks_like(text: str) -> bool:
+    """Whether ``text`` holds an nccl-tests table (a column header somewhere, with or without its ``#``)."""
+    return any(_header_of(_uncomment(_strip(line))) for line in text.splitlines())
+
+
+class _Parser:
+    """The line loop of :func:`parse`: the state between a run's preamble, its table and its footer."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.tables: list[Table] = []
+        self.table: Table | None = None  # the table whose rows are being read
+        self.closed: Table | None = None  # the last table, closed by its footer
+        self.names: dict[str, tuple[str, int]] = {}  # collective names seen since the last table
+        self.starting: tuple[str, int] | None = None
+        self.ranks: dict[int, tuple[str, int]] = {}
+        self.params: dict[str, int] = {}
+        self.versions: dict[str, str] = {}
+        self.placements: list[str] | None = None
+        self.ranks_cut = False
+
+    def fail(self, lineno: int, why: str) -> None:
+        raise NcclTestsError(f"nccl-tests log {self.path}:{lineno}: {why}")
+
+    def new_run(self) -> None:
+        self.ranks, self.params, self.placements, self.ranks_cut = {}, {}, None, False
+
+    def feed(self, lineno: int, raw: str) -> None:
+        line = _strip(raw)
+        text = _uncomment(line)
+        if not text or "NCCL INFO" in text or "NCCL WARN" in text:
+            return
+        header = _header_of(text)
+        if header:
+            self.open_table(lineno, header)
+            self.table.header_text = " ".join(text.split())
+            return
+        if self.table is not None and self.row_like(text):
+            if line.lstrip().startswith("#"):
+                return  # a commented-out row is not data
+            self.table.rows.append(self.parse_row(lineno, text, self.table))
+            return
+        if self.table is None and self.closed is not None and not line.lstrip().startswith("#"):
+            if self.row_like(text) and len(text.split()) >= len(self.closed.header):
+                self.fail(lineno, f"a table row after the table of line {self.closed.line} ended (no header above it)")
+        self.preamble(lineno, line, text)
+
+    def row_like(self, text: str) -> bool:
+        tokens = text.split()
+        return len(tokens) >= 5 and bool(_INT.fullmatch(tokens[0])) and bool(_INT.fullmatch(tokens[1]))
+
+    def preamble(self, lineno: int, line: str, text: str) -> None:
+        """A line that is not a header or a row: the run's description, a footer, or text to skip."""
+        m = _STARTING.search(text)
+        if m:
+            self.close()
+            if m.group(1) == "starting":
+                self.new_run()
+                self.names = {}
+                self.starting = (m.group(2), lineno)
+            return
+        if text.startswith("Out of bounds values"):
+            if self.table is not None:
+                self.table.validation = text.split(":", 1)[-1].strip()
+            return
+        if text.startswith("Avg bus bandwidth"):
+            self.close()
+            return
+        if text == "..." or text == "…":
+            if self.table is not None:
+                self.table.elided = True
+            elif self.ranks:  # nccl-tests cuts a process's device lines at 2048 characters with "..."
+                self.ranks_cut = True
+            return
+        m = _PARAMS.search(text)
+        if m:
+            self.close()
+            if self.ranks:  # a second run without a "starting" line
+                self.new_run()
+            self.params = {"nthreads": int(m.group(1)), "ngpus": int(m.group(2))}
+            self.params.update({k.replace(" ", "_"): int(v) for k, v in _ITERS.findall(text)})
+            return
+        m = _RANK.search(text)
+        if m:
+            rank, pid, host = int(m.group(1)), int(m.group(2)), m.group(3)
+            seen = self.ranks.get(rank)
+            if seen is not None and seen != (host, pid):
+                self.fail(
+                    lineno,
+                    f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
+                    "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
+                )
+            self.ranks[rank] = (host, pid)
+            return
+        for name, version in _VERSION.findall(text):
+            self.versions[name] = version
+        if "out-of-place" in text or "in-place" in text:
+            self.placements = [w for w in text.split() if w in ("out-of-place", "in-place")] or None
+            return
+        if not line.lstrip().startswith("#"):
+            self.command_names(lineno, text)
+
+    def command_names(self, lineno: int, text: str) -> None:
+        """Collective names on a text line (a command line ``./build/all_gather_perf``): evidence for the next table."""
+        for pattern in (_PERF_NAME, _BARE_NAME):
+            for name in pattern.findall(text):
+                c = collective(name)
+                if c is not None:
+                    self.names.setdefault(c.name, (text.strip()[:80], lineno))
+
+    def open_table(self, lineno: int, header: list[str]) -> None:
+        self.close()
+        t = Table(self.path, lineno, header, ranks=dict(self.ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
+        t.versions = dict(self.versions)
+        if self.starting is not None:
+            c = collective(self.starting[0])
+            if c is None:
+                self.fail(
+                    self.starting[1],
+                    f"'Collective test starting: {self.starting[0]}' names no collective "
+                    f"delaycomm knows ({OP_NAMES_HELP})",
+                )
+            t.named, t.named_by = c.name, f"'Collective test starting: {self.starting[0]}' on line {self.starting[1]}"
+        elif len(self.names) == 1:
+            ((name, (where, at)),) = self.names.items()
+            t.named, t.named_by = name, f"the command line on line {at} ({where!r})"
+        t.groups = self.groups(lineno, header)
+        self.table = t
+        self.tables.append(t)
+        self.starting = None
+        self.names = {}
+
+    def groups(self, lineno: int, header: list[str]) -> list[tuple[str, dict[str, int]]]:
+        """The placement groups of a header: (name, {column: index}), out-of-place first."""
+        starts = [i for i, h in enumerate(header) if h == "time"]
+        if not starts or starts[0] < 3 or any(h not in _LEADING for h in header[: starts[0]]):
+            self.fail(lineno, f"a column header with an unexpected layout: {' '.join(header)}")
+        names = self.placements if self.placements and len(self.placements) == len(starts) else None
+        names = names or ["out-of-place", "in-place"][: len(starts)]
+        if len(starts) > 2:
+            self.fail(lineno, f"a column header with {len(starts)} time columns (expected out-of-place and in-place)")
+        out = []
+        for k, s in enumerate(starts):
+            end = starts[k + 1] if k + 1 < len(starts) else len(header)
+            cols = {h: i for i, h in enumerate(header[s:end], start=s) if h != "timestamp"}
+            out.append((names[k], cols))
+        return out
+
+    def parse_row(self, lineno: int, text: str, t: Table) -> Row:
+        tokens = text.split()
+        layout = _layout(t, len(tokens))
+        if layout is None:
+            self.fail(
+                lineno,
+                f"a table row with {len(tokens)} fields does not match the column header on line {t.line} "
+                f"({t.header_text})",
+            )
+        index, groups = layout
+
+        def integer(name: str) -> int:
+            v = tokens[index[name]]
+            if not _INT.fullmatch(v):
+                self.fail(lineno, f"column {name!r} is {v!r} (expected a whole number)")
+            return int(v)
+
+        def number(i: int, name: str, required: bool) -> float | None:
+            v = tokens[i]
+            if v.upper() == "N/A" and not required:
+                return None
+            try:
+                x = float(v)
+            except ValueError:
+                self.fail(lineno, f"column {name!r} is {v!r} (expected a number{'' if required else ' or N/A'})")
+            if x != x or x < 0 or x == float("inf"):
+                self.fail(lineno, f"column {name!r} is {v!r} (expected a finite number >= 0)")
+            return x
+
+        redop = None
+        if "redop" in index:
+            redop = "" if index["redop"] < 0 else tokens[index["redop"]]
+        root = None
+        if "root" in index:
+            v = tokens[index["root"]]
+            if not re.fullmatch(r"-?\d+", v):
+                self.fail(lineno, f"column 'root' is {v!r} (expected a whole number)")
+            root = int(v)
+        timings = {}
+        for name, cols in groups:
+            if cols["time"] >= len(tokens):
+                continue
+            tm = number(cols["time"], f"{name} time", True)
+            per_iter = {
+                k: number(cols[k], f"{name} {k}", False) for k in ("i_min", "i_max", "i_p99", "i_cv") if k in cols
+            }
+            timings[name] = Timing(
+                tm,
+                number(cols["algbw"], f"{name} algbw", False),
+                number(cols["busbw"], f"{name} busbw", False),
+                tokens[cols["wrong"]] if "wrong" in cols else None,
+                {k: v for k, v in per_iter.items() if v is not None} or None,
+            )
+        return Row(lineno, integer("size"), integer("count"), tokens[index["type"]], redop, root, timings)
+
+    def close(self) -> None:
+        if self.table is not None:
+            self.closed = self.table
+        self.table = None
+
+
+def _layout(t: Table, nfields: int) -> tuple[dict[str, int], list[tuple[str, dict[str, int]]]] | None:
+    """Which field holds which column, for a row of ``nfields`` fields under ``t``'s header: the header's layout,
+    with or without its timestamp (two fields), without an empty op name (nccl-tests prints ``""`` as blanks), or
+    without the out-of-place group (a run that times in-place only); None when none fits."""
+    labels = [h for h in t.header if h != "timestamp"]
+    index = {h: i for i, h in enumerate(labels) if h in _LEADING}
+    stamp = 2 if "timestamp" in t.header else 0
+    groups = t.groups
+    for n in (len(labels) + stamp, len(labels)):
+        if nfields == n:
+            return index, groups
+        if "redop" in index and nfields == n - 1:
+            r = index["redop"]
+            moved = {h: (i - 1 if i > r else i) for h, i in index.items() if h != "redop"}
+            moved["redop"] = -1
+            return moved, [(g, {h: i - 1 for h, i in cols.items()}) for g, cols in groups]
+        if len(groups) == 2 and nfields == n - len(groups[0][1]):
+            k = len(groups[0][1])
+            return index, [(groups[1][0], {h: i - k for h, i in groups[1][1].items()})]
+    return None
+
+
+def parse(text: str, path: str) -> list[Table]:
+    """The tables of a log's text, collectives as named (unresolved: see :func:`resolve`)."""
+    p = _Parser(path)
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        p.feed(lineno, raw)
+    p.close()
+    return [t for t in p.tables if t.rows]
