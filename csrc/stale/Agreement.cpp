@@ -55,19 +55,30 @@ std::chrono::milliseconds StoreAgreement::timeout() const {
 
 namespace {
 
-// The round's seal: "agreed", "missing <sealer> <timeout ms> <n> <ranks...> <context>" or
-// "gone <sealer> <n> <ranks...> <context>".
-std::string sealText(const StoreAgreement::Records& r, int sealer, const std::string& context) {
-  std::ostringstream out;
-  const auto& ranks = r.missing.empty() ? r.gone : r.missing;
-  out << (r.missing.empty() ? "gone " : "missing ") << sealer;
-  if (!r.missing.empty()) {
-    out << ' ' << r.timeoutMs;
-  }
+// The round's seal: "agreed", or "<missing|gone> <sealer> <timeout ms> <n> <ranks...> <m> <unpublished...>
+// <context>" (ranks: the missing or the gone ones).
+void appendRanks(std::ostringstream& out, const std::vector<int>& ranks) {
   out << ' ' << ranks.size();
   for (int k : ranks) {
     out << ' ' << k;
   }
+}
+
+std::vector<int> readRanks(std::istringstream& in) {
+  size_t n = 0;
+  in >> n;
+  std::vector<int> ranks(n);
+  for (auto& k : ranks) {
+    in >> k;
+  }
+  return ranks;
+}
+
+std::string sealText(const StoreAgreement::Records& r, const std::string& context) {
+  std::ostringstream out;
+  out << (r.missing.empty() ? "gone " : "missing ") << r.sealer << ' ' << r.timeoutMs;
+  appendRanks(out, r.missing.empty() ? r.gone : r.missing);
+  appendRanks(out, r.unpublished);
   out << ' ' << context;
   return out.str();
 }
@@ -76,17 +87,9 @@ StoreAgreement::Records parseSeal(const std::string& text) {
   std::istringstream in(text);
   std::string kind;
   StoreAgreement::Records r;
-  in >> kind >> r.sealer;
-  if (kind == "missing") {
-    in >> r.timeoutMs;
-  }
-  size_t n = 0;
-  in >> n;
-  auto& ranks = kind == "missing" ? r.missing : r.gone;
-  ranks.resize(n);
-  for (auto& k : ranks) {
-    in >> k;
-  }
+  in >> kind >> r.sealer >> r.timeoutMs;
+  (kind == "missing" ? r.missing : r.gone) = readRanks(in);
+  r.unpublished = readRanks(in);
   in >> std::ws;
   std::getline(in, r.context);
   TORCH_INTERNAL_ASSERT(!in.bad() && (kind == "missing" || kind == "gone"),
@@ -131,18 +134,25 @@ StoreAgreement::Records StoreAgreement::exchange(const std::string& round, const
                                "; nothing was agreed"));
     }
     Records verdict;
-    if (!all && woke == EngineWaits::Woke::kDeadline) {
+    if (!all && (woke == EngineWaits::Woke::kDeadline || woke == EngineWaits::Woke::kGone)) {
       for (int r = 0; r < size_; ++r) {
         if (!store_->check({keys[static_cast<size_t>(r)]})) {
-          verdict.missing.push_back(r);
+          verdict.unpublished.push_back(r);
         }
       }
+      verdict.sealer = rank_;
       verdict.timeoutMs = timeout.count();
-    } else if (!all && woke == EngineWaits::Woke::kGone) {
-      verdict.gone = waits_->gone();
+      if (woke == EngineWaits::Woke::kGone) {
+        verdict.gone = waits_->gone();
+      } else {
+        verdict.missing = verdict.unpublished;
+      }
+      if (verdict.unpublished.empty()) {
+        verdict = Records{};  // every record came after all: agreed
+      }
     }
     // The first verdict written is every rank's (compareSet writes only where there is none yet).
-    const std::string proposal = verdict.agreed() ? "agreed" : sealText(verdict, rank_, context);
+    const std::string proposal = verdict.agreed() ? "agreed" : sealText(verdict, context);
     seal = textOfBytes(store_->compareSet(sealKey, {}, bytesOfText(proposal)));
     if (seal == "agreed") {
       for (const auto& value : store_->multiGet(keys)) {
@@ -170,10 +180,10 @@ void StoreAgreement::holdStoreUntilRead(const std::string& round, const Records&
     if (rank_ != 0) {
       return;
     }
-    auto absent = [&](int r) {
-      const auto& m = records.missing;
+    auto absent = [&](int r) {  // not in the round when it was sealed: it reads later, or never
+      const auto& u = records.unpublished;
       const auto& g = records.gone;
-      return std::find(m.begin(), m.end(), r) != m.end() || std::find(g.begin(), g.end(), r) != g.end();
+      return std::find(u.begin(), u.end(), r) != u.end() || std::find(g.begin(), g.end(), r) != g.end();
     };
     waits_->waitUntil(
         SteadyClock::now() + waits_->timeout(),

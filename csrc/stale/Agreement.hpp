@@ -32,11 +32,12 @@ class StoreAgreement {
   struct Records {
     std::vector<std::string> byRank;  // every rank's record, in rank order (empty unless agreed())
     // Otherwise the sealed verdict, the same on every rank:
-    std::vector<int> missing;  // the ranks that had not published at the sealer's deadline
-    std::vector<int> gone;     // the members found gone (their process ended, or their group closed)
-    int sealer = -1;           // the rank that sealed the verdict
-    int64_t timeoutMs = 0;     // the timeout it had waited (missing)
-    std::string context;       // what the sealer was doing (the `context` it passed to exchange)
+    std::vector<int> missing;      // the ranks that had not published at the sealer's deadline
+    std::vector<int> gone;         // the members found gone (their process ended, or their group closed)
+    std::vector<int> unpublished;  // the ranks without a record when the verdict was sealed
+    int sealer = -1;               // the rank that sealed the verdict
+    int64_t timeoutMs = 0;         // the timeout it had waited (missing)
+    std::string context;           // what the sealer was doing (the `context` it passed to exchange)
     bool agreed() const { return missing.empty() && gone.empty(); }
   };
   // Publishes `mine` as this rank's record of `round` (a name no earlier round used) and waits, up to the
@@ -47,9 +48,10 @@ class StoreAgreement {
   Records exchange(const std::string& round, const std::string& mine, const std::string& where, const std::string& what,
                    const std::string& context);
   // After a verdict that fails on every rank, before raising it: every rank marks that it has read the verdict and
-  // rank 0 waits (bounded by the timeout) for the mark of every rank that took part in the round (not the missing
-  // or gone ones). Rank 0 hosts the store under env:// and mp.spawn; were it to raise and exit first, a rank still
-  // reading would get a network error instead of the verdict. Never raises: the verdict is what the caller raises.
+  // rank 0 waits (bounded by the timeout) for the mark of every rank that took part in the round (had published
+  // when the verdict was sealed, and is not gone). Rank 0 hosts the store under env:// and mp.spawn; were it to raise
+  // and exit first, a rank still reading would get a network error instead of the verdict. Never raises: the verdict is
+  // what the caller raises.
   void holdStoreUntilRead(const std::string& round, const Records& records);
 
   // The group's timeout now (setTimeout() included).
