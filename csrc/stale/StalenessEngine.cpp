@@ -162,14 +162,7 @@ void StalenessEngine::checkStepLocked(const KeyTable::Stream& stream, const at::
     const uint64_t step = stream.step;
     lock.unlock();
     emit(warnings);
-    switch (waits_.sleepUntil(SteadyClock::now() + timeout)) {
-      case EngineWaits::Woke::kClosed:
-        throwClosed(op, step, keyText);
-      case EngineWaits::Woke::kGone:
-        throwGone(op, step, keyText);
-      default:
-        break;
-    }
+    sleepAtGate(SteadyClock::now() + timeout, op, step, keyText);
     lock.lock();
     throwGateTimeout(key, step, late, plan, clock_.stepNs(), timeout);
   }
@@ -262,7 +255,13 @@ void StalenessEngine::recordLocked(int64_t nFresh, const std::vector<KeyTable::A
 // timeout: longer waits raised in checkStepLocked), and ends at once when the group is destroyed or aborted.
 void StalenessEngine::waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op,
                                  const std::string& keyText) {
-  switch (waits_.sleepUntil(SteadyClock::now() + std::chrono::nanoseconds(waitNs))) {
+  sleepAtGate(SteadyClock::now() + std::chrono::nanoseconds(waitNs), op, step, keyText);
+  stats_->staleness().blockedNs.fetch_add(static_cast<uint64_t>(waitNs), std::memory_order_relaxed);
+}
+
+void StalenessEngine::sleepAtGate(SteadyClock::time_point until, const char* op, uint64_t step,
+                                  const std::string& keyText) {
+  switch (waits_.sleepUntil(until)) {
     case EngineWaits::Woke::kClosed:
       throwClosed(op, step, keyText);
     case EngineWaits::Woke::kGone:
@@ -270,7 +269,6 @@ void StalenessEngine::waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, co
     default:
       break;
   }
-  stats_->staleness().blockedNs.fetch_add(static_cast<uint64_t>(waitNs), std::memory_order_relaxed);
 }
 
 void StalenessEngine::emit(Warnings& warnings) const {
