@@ -9,6 +9,7 @@ The groups are created with a 30 s timeout wherever the point is that a wait doe
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from datetime import timedelta
@@ -16,6 +17,10 @@ from datetime import timedelta
 import pytest
 
 from tests.harness import free_port, run_procs
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "bench"))
+
+from engine_waits import gate_seed
 
 pytestmark = [pytest.mark.multiproc]
 
@@ -36,19 +41,6 @@ def _outcome(fn) -> dict:
     except Exception as e:  # noqa: BLE001 - the type is part of what is checked
         kind, msg = type(e).__name__, _first_line(e)
     return {"kind": kind, "msg": msg, "elapsed": time.monotonic() - t0, "ended": time.monotonic(), "wall": time.time()}
-
-
-def _gate_seed(delay: str, late: int = 1) -> int:
-    """A seed under which rank `late`'s first all-reduces are not delayed (a stream's first step pays its delay as
-    under bsp: docs/staleness.md) and its contribution at key 0's second step is late by ``delay``."""
-    from delaycomm import _C, _ops
-
-    op = int(_ops.BY_NAME["allreduce"].kind)
-    for seed in range(1000):
-        s = _C.DelaySchedule(delay, 0.5, seed, [late])
-        if all(s.delay_ns(late, op, q) == 0 for q in range(4)) and s.delay_ns(late, s.key_stream(0), 1) > 0:
-            return seed
-    raise AssertionError("no seed found")
 
 
 def _stale_group(timeout=LONG, **options):
@@ -137,7 +129,7 @@ def _destroy_ranks(rank, world, seed):
 
 @pytest.mark.timeout(150)
 def test_destroy_ends_the_calibration_flush_and_gate_waits_at_once():
-    results = run_procs(_destroy_ranks, 2, _gate_seed("const:20s"), timeout=140)
+    results = run_procs(_destroy_ranks, 2, gate_seed("const:20s"), timeout=140)
     for name, wording in (
         ("calibration", "while this rank waited to agree on step_ms=auto; nothing was agreed"),
         ("flush", "while this rank waited in flush for every rank's record; nothing was agreed"),
@@ -188,7 +180,7 @@ def _set_timeout_ranks(rank, world, seed):
 
 @pytest.mark.timeout(150)
 def test_set_timeout_bounds_the_waits_after_it_and_a_late_rank_gets_the_same_verdict():
-    results = run_procs(_set_timeout_ranks, 2, _gate_seed("const:3s"), timeout=140)
+    results = run_procs(_set_timeout_ranks, 2, gate_seed("const:3s"), timeout=140)
     r0, r1 = results
     ms = int(SHORT_S * 1000)
     for name, wording in (
@@ -230,8 +222,9 @@ def _after_death(out: dict) -> dict:
 
 
 def _member_death_ranks(rank, world, seed):
-    """Rank 2 of 3 dies while ranks 0 and 1 wait in the agreement of step_ms=auto (rank 2 does not make the
-    calibrating call) and wait out an SSP gate timeout (rank 2 is 60 s late; the timeout is 30 s)."""
+    """Rank 2 of 3 dies while ranks 0 and 1 wait out an SSP gate timeout (rank 2 is 60 s late; the timeout is 30 s)
+    and rank 0 waits in the agreement of step_ms=auto (rank 2 does not make the calibrating call; rank 1 makes it
+    later)."""
     import torch
     import torch.distributed as dist
 
@@ -246,8 +239,14 @@ def _member_death_ranks(rank, world, seed):
     if rank == 2:
         _die_in(1.0)
         delaycomm.stale_allreduce(g, key=0, group=gate)  # waits out the gate timeout, and dies there
+
+    def calibrate():
+        if rank == 1:
+            time.sleep(2.5)  # comes after rank 2's death: rank 0 must not wait for it, and it gets rank 0's verdict
+        _calibrate(calibration)
+
     waits = {
-        "calibration": _in_thread(lambda: _calibrate(calibration)),
+        "calibration": _in_thread(calibrate),
         "gate": _in_thread(lambda: delaycomm.stale_allreduce(g, key=0, group=gate)),
     }
     return {name: _after_death(_ended(*wait, 0.0)) for name, wait in waits.items()}
@@ -258,18 +257,21 @@ def test_a_member_that_dies_ends_the_others_calibration_and_gate_waits_at_once(t
     results = run_procs(
         _member_death_ranks,
         3,
-        _gate_seed("const:60s", late=2),
+        gate_seed("const:60s", late=2),
         timeout=100,
         expect_exit={2: 3},
         env={"DEATH_FILE": str(tmp_path / "d")},
     )
     for name in ("calibration", "gate"):
         survivors = [r[name] for r in results[:2]]
-        for r in survivors:
+        for rank, r in enumerate(survivors):
             assert r["kind"] == "DistBackendError", (name, r)
             # Rank 1 learns it from rank 0 (the peer watch's hub), rank 0 from rank 2's connection.
             assert "rank(s) 2 left the group (its process ended" in r["msg"], (name, r)
-            assert r["after_death_s"] < 3.0, (name, r)  # before: at the group's timeout (30 s)
+            if name == "calibration" and rank == 1:  # it came 2.5 s in, and got rank 0's sealed verdict at once
+                assert r["elapsed"] - 2.5 < 1.0, r
+            else:
+                assert r["after_death_s"] < 3.0, (name, r)  # before: at the group's timeout (30 s)
         assert survivors[0]["msg"] == survivors[1]["msg"], (name, survivors)  # the same error on every rank
 
 
@@ -296,3 +298,50 @@ def test_the_store_host_that_dies_ends_flush_with_a_delaycomm_error_at_once(tmp_
     # Whichever rank 1 sees first, the store's connection or the peer watch's: never c10d's raw network error.
     assert "rank(s) 0 left the group" in r["msg"] or "the group's store failed" in r["msg"], r
     assert r["after_death_s"] < 3.0, r  # before: at the group's timeout (30 s)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Under torchrun: a survivor raises at once, so its stats file is written before the agent stops it
+
+DIES_MID_CALIBRATION = """
+import os
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("delaycomm")
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(20):
+    if dist.get_rank() == 1 and step == 5:  # before the backward pass whose first bucket calibrates step_ms=auto
+        os._exit(1)
+    loss = model(torch.randn(8, 16)).square().mean()
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_under_torchrun_a_survivor_of_a_death_in_calibration_raises_and_writes_its_stats(tmp_path):
+    from tests.harness.user_job import run_user_job
+
+    script = tmp_path / "dies_mid_calibration.py"
+    script.write_text(DIES_MID_CALIBRATION)
+    env = {
+        "DELAYCOMM_DELAY": "exp:p99=5ms",
+        "DELAYCOMM_DELAY_FRACTION": "0.3",
+        "DELAYCOMM_STALENESS": "ssp:2",
+        "DELAYCOMM_STATS": str(tmp_path / "stats.json"),
+    }
+    proc = run_user_job("torchrun", script, [], env, tmp_path, check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-4000:]
+    assert "DistBackendError: delaycomm: staleness on group '0': agreeing on step_ms=auto failed: rank(s) 1 left" in out
+    # Before: rank 0 waited in the agreement until torchrun's agent stopped it (SIGTERM, ~0.1 s after the death),
+    # and its stats were lost.
+    stats = tmp_path / "stats.rank0.json"
+    assert stats.is_file(), out[-4000:]
+    assert "staleness" in stats.read_text()
