@@ -10,6 +10,9 @@ namespace delaycomm {
 void DelayBackend::setTimeout(std::chrono::milliseconds timeout) {
   TORCH_CHECK_VALUE(timeout.count() > 0, "delaycomm: setTimeout: timeout must be > 0 ms, got ", timeout.count(), " ms");
   injector_->setTimeout(timeout);
+  if (stale_) {
+    stale_->setTimeout(timeout);  // the SSP gate, the step_ms=auto agreement, flush's exchange
+  }
   if (cpuInner_) {
     cpuInner_->setTimeout(timeout);
   }

@@ -46,51 +46,173 @@ std::string streamText(const FlushRecord::Stream& s) {
 // ---------------------------------------------------------------------------------------------------------------
 // StoreAgreement
 
-StoreAgreement::StoreAgreement(int rank, int size, c10::intrusive_ptr<c10d::Store> store,
-                               std::chrono::milliseconds timeout)
-    : rank_(rank), size_(size), store_(std::move(store)), timeout_(timeout) {}
+StoreAgreement::StoreAgreement(int rank, int size, c10::intrusive_ptr<c10d::Store> store, EngineWaits* waits)
+    : rank_(rank), size_(size), store_(std::move(store)), waits_(waits) {}
 
-StoreAgreement::Records StoreAgreement::exchange(const std::string& round, const std::string& mine) {
+std::chrono::milliseconds StoreAgreement::timeout() const {
+  return waits_->timeout();
+}
+
+namespace {
+
+// The round's seal: "agreed", or "<missing|gone> <sealer> <timeout ms> <n> <ranks...> <m> <unpublished...>
+// <context>" (ranks: the missing or the gone ones).
+void appendRanks(std::ostringstream& out, const std::vector<int>& ranks) {
+  out << ' ' << ranks.size();
+  for (int k : ranks) {
+    out << ' ' << k;
+  }
+}
+
+std::vector<int> readRanks(std::istringstream& in) {
+  size_t n = 0;
+  in >> n;
+  std::vector<int> ranks(n);
+  for (auto& k : ranks) {
+    in >> k;
+  }
+  return ranks;
+}
+
+std::string sealText(const StoreAgreement::Records& r, const std::string& context) {
+  std::ostringstream out;
+  out << (r.missing.empty() ? "gone " : "missing ") << r.sealer << ' ' << r.timeoutMs;
+  appendRanks(out, r.missing.empty() ? r.gone : r.missing);
+  appendRanks(out, r.unpublished);
+  out << ' ' << context;
+  return out.str();
+}
+
+StoreAgreement::Records parseSeal(const std::string& text) {
+  std::istringstream in(text);
+  std::string kind;
+  StoreAgreement::Records r;
+  in >> kind >> r.sealer >> r.timeoutMs;
+  (kind == "missing" ? r.missing : r.gone) = readRanks(in);
+  r.unpublished = readRanks(in);
+  in >> std::ws;
+  std::getline(in, r.context);
+  TORCH_INTERNAL_ASSERT(!in.bad() && (kind == "missing" || kind == "gone"),
+                        "delaycomm: the ranks' agreement: a round's seal could not be read: '", text, "'");
+  return r;
+}
+
+// The first line of a store error (c10d appends a C++ backtrace after it).
+std::string firstLine(const std::exception& e) {
+  std::string text = e.what();
+  return text.substr(0, text.find('\n'));
+}
+
+}  // namespace
+
+StoreAgreement::Records StoreAgreement::exchange(const std::string& round, const std::string& mine,
+                                                 const std::string& where, const std::string& what,
+                                                 const std::string& context) {
   std::vector<std::string> keys;
   keys.reserve(static_cast<size_t>(size_));
   for (int r = 0; r < size_; ++r) {
     keys.push_back(round + "/" + std::to_string(r));
   }
-  store_->set(keys[static_cast<size_t>(rank_)], bytesOfText(mine));
+  const std::string sealKey = round + "/seal";
+  const auto timeout = waits_->timeout();
   Records out;
+  std::string seal;
+  EngineWaits::Woke woke = EngineWaits::Woke::kDone;
   try {
-    store_->wait(keys, timeout_);
-  } catch (const c10::Error&) {
-    for (int r = 0; r < size_; ++r) {
-      if (!store_->check({keys[static_cast<size_t>(r)]})) {
-        out.missing.push_back(r);
+    store_->set(keys[static_cast<size_t>(rank_)], bytesOfText(mine));
+    // NOTE: c10d's TCPStore does not acknowledge a set: this check makes sure the record is in the store before
+    // this rank can go on (and leave), so that a member found gone has published all it ever will.
+    store_->check({keys[static_cast<size_t>(rank_)]});
+    bool all = false;
+    woke = waits_->waitUntil(SteadyClock::now() + timeout, [&] {
+      all = store_->check(keys);
+      return all || store_->check({sealKey});
+    });
+    if (woke == EngineWaits::Woke::kClosed) {
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str(where, "the group was shut down (destroy_process_group or abort) while this rank ", what,
+                               "; nothing was agreed"));
+    }
+    Records verdict;
+    if (!all && (woke == EngineWaits::Woke::kDeadline || woke == EngineWaits::Woke::kGone)) {
+      for (int r = 0; r < size_; ++r) {
+        if (!store_->check({keys[static_cast<size_t>(r)]})) {
+          verdict.unpublished.push_back(r);
+        }
+      }
+      verdict.sealer = rank_;
+      verdict.timeoutMs = timeout.count();
+      if (woke == EngineWaits::Woke::kGone) {
+        verdict.gone = waits_->gone();
+      } else {
+        verdict.missing = verdict.unpublished;
+      }
+      if (verdict.unpublished.empty()) {
+        verdict = Records{};  // every record came after all: agreed
       }
     }
-    if (!out.missing.empty()) {
-      return out;
+    // The first verdict written is every rank's (compareSet writes only where there is none yet).
+    const std::string proposal = verdict.agreed() ? "agreed" : sealText(verdict, context);
+    seal = textOfBytes(store_->compareSet(sealKey, {}, bytesOfText(proposal)));
+    if (seal == "agreed") {
+      for (const auto& value : store_->multiGet(keys)) {
+        out.byRank.push_back(textOfBytes(value));
+      }
     }
+  } catch (const c10::DistBackendError&) {
+    throw;
+  } catch (const std::exception& e) {
+    const auto gone = waits_->gone();
+    C10_THROW_ERROR(DistBackendError,
+                    c10::str(where, "the group's store failed while this rank ", what, " (", firstLine(e),
+                             "): its host has gone (under env:// and mp.spawn the store is rank 0's process, under "
+                             "torchrun the agent's)",
+                             gone.empty() ? "" : c10::str("; rank(s) ", rankList(gone), " left the group")));
   }
-  for (const auto& value : store_->multiGet(keys)) {
-    out.byRank.push_back(textOfBytes(value));
-  }
-  return out;
+  return seal == "agreed" ? out : parseSeal(seal);
 }
 
-void StoreAgreement::holdStoreUntilRead(const std::string& round) {
+void StoreAgreement::holdStoreUntilRead(const std::string& round, const Records& records) {
   const std::string prefix = round + "/read/";
-  store_->set(prefix + std::to_string(rank_), bytesOfText("1"));
-  if (rank_ != 0) {
-    return;
-  }
-  std::vector<std::string> keys;
-  for (int r = 0; r < size_; ++r) {
-    keys.push_back(prefix + std::to_string(r));
-  }
   try {
-    store_->wait(keys, timeout_);
-  } catch (const c10::Error&) {
-    // A rank that never reads has its own timeout to report; rank 0 raises its verdict now.
+    store_->set(prefix + std::to_string(rank_), bytesOfText("1"));
+    store_->check({prefix + std::to_string(rank_)});  // in the store before this rank raises (see exchange)
+    if (rank_ != 0) {
+      return;
+    }
+    auto absent = [&](int r) {  // not in the round when it was sealed: it reads later, or never
+      const auto& u = records.unpublished;
+      const auto& g = records.gone;
+      return std::find(u.begin(), u.end(), r) != u.end() || std::find(g.begin(), g.end(), r) != g.end();
+    };
+    waits_->waitUntil(
+        SteadyClock::now() + waits_->timeout(),
+        [&] {
+          const auto gone = waits_->gone();  // a member gone since reads nothing more
+          std::vector<std::string> keys;
+          for (int r = 0; r < size_; ++r) {
+            if (!absent(r) && std::find(gone.begin(), gone.end(), r) == gone.end()) {
+              keys.push_back(prefix + std::to_string(r));
+            }
+          }
+          return store_->check(keys);
+        },
+        /*endWhenGone=*/false);
+  } catch (const std::exception&) {
+    // The store's host has gone: nobody is left to read. The caller raises its verdict now.
   }
+}
+
+std::string StoreAgreement::absentText(const Records& r, const std::string& notDone) {
+  const std::string having = r.context.empty() ? "" : c10::str(", having ", r.context);
+  if (!r.missing.empty()) {
+    return c10::str("rank(s) ", rankList(r.missing), " did not ", notDone, " within ", r.timeoutMs,
+                    " ms (the group's timeout, as rank ", r.sealer, " waited it", having, ")");
+  }
+  return c10::str("rank(s) ", rankList(r.gone),
+                  " left the group (its process ended, or it destroyed or aborted the group: its peer-watch "
+                  "connection closed) while rank ",
+                  r.sealer, " waited for every rank to ", notDone, having);
 }
 
 std::string rankList(const std::vector<int>& ranks) {

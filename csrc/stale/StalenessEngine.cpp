@@ -24,7 +24,8 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
       options_(std::move(options)),
       schedule_(schedule),
       stats_(std::move(stats)),
-      agreement_(rank, size, std::move(store), options_.timeout),
+      waits_(rank, size, store, options_.groupName, options_.timeout),
+      agreement_(rank, size, std::move(store), &waits_),
       keys_(size, options_.maxKeys),
       clock_(rank, options_, &agreement_) {
   // Validated once, by delaycomm._config (docs/config.md); what the engine relies on:
@@ -37,7 +38,7 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
 }
 
 StalenessEngine::~StalenessEngine() {
-  gate_.close();
+  waits_.close();
   fsdp_scope::release();
 }
 
@@ -151,20 +152,19 @@ void StalenessEngine::checkStepLocked(const KeyTable::Stream& stream, const at::
                       " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
                       "delaycomm.stale_allreduce(key=...))");
   }
-  const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(options_.timeout).count();
+  const auto timeout = waits_.timeout();
+  const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
   if (const int late = plan.gateTimeoutRank(timeoutNs); late >= 0) {
     // Every rank waits out the timeout (the late rank at the gate, the others as they would in the collective)
     // and raises the same error; no rank issues the reduction, so the inner group stays in step.
     const std::string keyText = keys_.describe(key);
     const char* op = keys_.opText(key);
+    const uint64_t step = stream.step;
     lock.unlock();
     emit(warnings);
-    if (gate_.sleepUntil(SteadyClock::now() + options_.timeout, SteadyClock::time_point::max()) ==
-        HostSleeper::Woke::kClosed) {
-      throwClosed(op, stream.step, keyText);
-    }
+    sleepAtGate(SteadyClock::now() + timeout, op, step, keyText);
     lock.lock();
-    throwGateTimeout(key, stream.step, late, plan, clock_.stepNs());
+    throwGateTimeout(key, step, late, plan, clock_.stepNs(), timeout);
   }
   if (options_.mode != StalenessMode::kAsp || options_.policy == StalePolicy::kDrop) {
     return;
@@ -255,12 +255,20 @@ void StalenessEngine::recordLocked(int64_t nFresh, const std::vector<KeyTable::A
 // timeout: longer waits raised in checkStepLocked), and ends at once when the group is destroyed or aborted.
 void StalenessEngine::waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op,
                                  const std::string& keyText) {
-  const auto woke =
-      gate_.sleepUntil(SteadyClock::now() + std::chrono::nanoseconds(waitNs), SteadyClock::time_point::max());
-  if (woke == HostSleeper::Woke::kClosed) {
-    throwClosed(op, step, keyText);
-  }
+  sleepAtGate(SteadyClock::now() + std::chrono::nanoseconds(waitNs), op, step, keyText);
   stats_->staleness().blockedNs.fetch_add(static_cast<uint64_t>(waitNs), std::memory_order_relaxed);
+}
+
+void StalenessEngine::sleepAtGate(SteadyClock::time_point until, const char* op, uint64_t step,
+                                  const std::string& keyText) {
+  switch (waits_.sleepUntil(until)) {
+    case EngineWaits::Woke::kClosed:
+      throwClosed(op, step, keyText);
+    case EngineWaits::Woke::kGone:
+      throwGone(op, step, keyText);
+    default:
+      break;
+  }
 }
 
 void StalenessEngine::emit(Warnings& warnings) const {
@@ -272,14 +280,14 @@ void StalenessEngine::emit(Warnings& warnings) const {
   warnings.clear();
 }
 
-void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan,
-                                       int64_t stepNs) const {
+void StalenessEngine::throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan, int64_t stepNs,
+                                       std::chrono::milliseconds timeout) const {
   const auto i = static_cast<size_t>(late);
   // The wording follows the timeout of an op held back on the network path (delay/DeferredWork.cpp).
   C10_THROW_ERROR(
       DistBackendError,
       c10::str("delaycomm: ", keys_.opText(key), " (step ", step, " of ", keys_.describe(key), ", group '",
-               options_.groupName, "'): the ssp:", options_.bound, " gate timed out after ", options_.timeout.count(),
+               options_.groupName, "'): the ssp:", options_.bound, " gate timed out after ", timeout.count(),
                " ms (the group's timeout): rank ", late, "'s contribution is held back by an injected delay of ",
                msText(plan.delayNs[i]), " ms, of which ", options_.bound, " step(s) of staleness (step ",
                msText(stepNs), " ms) cover ", msText(options_.bound * stepNs), " ms and ", msText(plan.gateWaitNs[i]),
@@ -292,6 +300,16 @@ void StalenessEngine::throwClosed(const char* op, uint64_t step, const std::stri
                   c10::str("delaycomm: ", op, " (step ", step, " of ", keyText, ", group '", options_.groupName,
                            "'): the group was shut down (destroy_process_group or abort) while this call waited at "
                            "the ssp:",
+                           options_.bound, " gate; the reduction was not issued"));
+}
+
+void StalenessEngine::throwGone(const char* op, uint64_t step, const std::string& keyText) const {
+  const std::vector<int> gone = waits_.gone();
+  C10_THROW_ERROR(DistBackendError,
+                  c10::str("delaycomm: ", op, " (step ", step, " of ", keyText, ", group '", options_.groupName,
+                           "'): rank(s) ", rankList(gone),
+                           " left the group (its process ended, or it destroyed or aborted the group: its "
+                           "peer-watch connection closed) while this call waited at the ssp:",
                            options_.bound, " gate; the reduction was not issued"));
 }
 
@@ -327,21 +345,27 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
           {key, stream.numel, stream.prototype.scalar_type(), stream.scatter, stream.pendingGlobal()});
     }
   }
-  const auto records = agreement_.exchange(round, mine.encode());
   const std::string where = c10::str("delaycomm: flush on group '", options_.groupName, "': ");
-  if (!records.missing.empty()) {
-    C10_THROW_ERROR(DistBackendError,
-                    c10::str(where, "timed out after ", options_.timeout.count(), " ms (the group's timeout): rank(s) ",
-                             rankList(records.missing),
-                             " did not call flush. flush is collective: every rank calls it at the same point of "
-                             "its program. Nothing was flushed on the ranks that did"));
+  const auto records = agreement_.exchange(round, mine.encode(), where, "waited in flush for every rank's record",
+                                           c10::str("called flush after ", mine.calls, " stale reductions"));
+  if (!records.agreed()) {
+    agreement_.holdStoreUntilRead(round, records);  // the same sealed verdict on every rank (stale/Agreement.hpp)
+    if (!records.missing.empty()) {
+      C10_THROW_ERROR(DistBackendError,
+                      c10::str(where, "timed out after ", records.timeoutMs, " ms (the group's timeout): rank(s) ",
+                               rankList(records.missing), " did not call flush (rank ", records.sealer,
+                               " waited). flush is collective: every rank calls it at the same point of its "
+                               "program. Nothing was flushed on the ranks that did"));
+    }
+    C10_THROW_ERROR(DistBackendError, c10::str(where, StoreAgreement::absentText(records, "call flush"),
+                                               ". Nothing was flushed on the ranks that did"));
   }
   std::vector<FlushRecord> all;
   for (const auto& text : records.byRank) {
     all.push_back(FlushRecord::decode(text));
   }
   if (const std::string divergence = flushDivergence(all); !divergence.empty()) {
-    agreement_.holdStoreUntilRead(round);
+    agreement_.holdStoreUntilRead(round, records);
     C10_THROW_ERROR(
         Error, c10::str(where, "the ranks' stale bookkeeping differs: ", divergence,
                         ". The ranks would disagree on which reductions flush issues, and they disagreed on who was "

@@ -17,6 +17,7 @@
 #include "delay/IssuerThread.hpp"
 #include "delay/Schedule.hpp"
 #include "stale/Agreement.hpp"
+#include "stale/EngineWaits.hpp"
 #include "stale/KeyTable.hpp"
 #include "stale/StaleOptions.hpp"
 #include "stale/StepClock.hpp"
@@ -43,10 +44,12 @@ namespace delaycomm {
 // Errors are raised on every rank alike, before this step changes any state: the asp max_pending overflow
 // (computed from the shared schedule for every rank), and the SSP gate timeout (a gate wait longer than the
 // group's timeout: every rank waits the timeout, as the collective would, then raises c10::DistBackendError).
+// Every wait (the gate, the agreements through the store) goes through EngineWaits (stale/EngineWaits.hpp):
+// bounded by the group's current timeout, ended at once by close() and by a member of the group found gone.
 //
 // Threads: prepareScaled(), takeFlush() and the getters take the engine's lock; the agreements through the store
 // and the gate wait run without it. Calls on one group are serialised by c10d's ordering contract anyway.
-// close() (destroy_process_group, abort) may come from any thread: a caller waiting at the SSP gate wakes at once
+// close() (destroy_process_group, abort) may come from any thread: a caller waiting in the engine wakes at once
 // and raises.
 // Memory: at most S stashed copies per key under ssp:S; under asp, max_pending per key and rank (an error beyond
 // it); at most maxKeys keys.
@@ -112,9 +115,12 @@ class StalenessEngine {
   // pending afterwards. Under drop nothing is pending (late contributions left in flight are counted as dropped).
   std::vector<FlushStream> takeFlush();
 
-  // destroy_process_group / abort: a caller waiting at the SSP gate (or waiting out a gate timeout) wakes at once
-  // and raises; later gate waits raise at once. Idempotent.
-  void close() { gate_.close(); }
+  // destroy_process_group / abort: every wait of the engine (the SSP gate, waiting out a gate timeout, the
+  // step_ms=auto agreement, flush's exchange) ends at once and raises; later waits raise at once; the other
+  // members' peer watches see this rank go (stale/EngineWaits.hpp). Idempotent.
+  void close() { waits_.close(); }
+  // c10d's setTimeout (group.set_timeout): bounds the engine's waits that start after it.
+  void setTimeout(std::chrono::milliseconds timeout) { waits_.setTimeout(timeout); }
 
   int64_t pendingHere() const;
   int64_t pendingGlobal() const;
@@ -144,10 +150,14 @@ class StalenessEngine {
   void recordLocked(int64_t nFresh, const std::vector<KeyTable::Arrival>& arriving, Warnings& warnings);
   // The SSP gate (no lock): waits waitNs, or raises when the group closes meanwhile.
   void waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op, const std::string& keyText);
+  // Sleeps at the gate until `until` (no lock); raises when the group closes or a member is found gone meanwhile.
+  void sleepAtGate(SteadyClock::time_point until, const char* op, uint64_t step, const std::string& keyText);
 
   void emit(Warnings& warnings) const;
-  [[noreturn]] void throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan, int64_t stepNs) const;
+  [[noreturn]] void throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan, int64_t stepNs,
+                                     std::chrono::milliseconds timeout) const;
   [[noreturn]] void throwClosed(const char* op, uint64_t step, const std::string& keyText) const;
+  [[noreturn]] void throwGone(const char* op, uint64_t step, const std::string& keyText) const;
   double windowedRatioLocked() const;
 
   const int rank_;
@@ -155,8 +165,8 @@ class StalenessEngine {
   const StalenessOptions options_;
   const DelaySchedule* schedule_;
   std::shared_ptr<GroupStats> stats_;
+  EngineWaits waits_;  // before agreement_, which waits through it
   StoreAgreement agreement_;
-  HostSleeper gate_;
 
   mutable std::mutex mutex_;
   KeyTable keys_;

@@ -65,16 +65,21 @@ int64_t StepClock::agree(const Proposal& p) const {
   const std::string round = "calibration/" + std::to_string(p.attempt);
   std::ostringstream mine;
   mine << p.call << ' ' << p.key << ' ' << p.medianNs;
-  const auto records = agreement_->exchange(round, mine.str());
   const std::string where = c10::str("delaycomm: staleness on group '", options_.groupName, "': ");
-  if (!records.missing.empty()) {
-    C10_THROW_ERROR(DistBackendError,
-                    c10::str(where, "agreeing on step_ms=auto timed out after ", agreement_->timeout().count(),
-                             " ms (the group's timeout): this rank (", rank_, ") calibrated on ", p.keyText,
-                             " at all-reduce #", p.call, ", and rank(s) ", rankList(records.missing),
-                             " did not reach that point: the ranks' all-reduce sequences differ (or those ranks are "
-                             "stuck). ",
-                             kCalibrationAdvice));
+  const auto records = agreement_->exchange(round, mine.str(), where, "waited to agree on step_ms=auto",
+                                            c10::str("calibrated on ", p.keyText, " at all-reduce #", p.call));
+  if (!records.agreed()) {
+    // The same sealed verdict on every rank (stale/Agreement.hpp), held until every rank that took part read it.
+    agreement_->holdStoreUntilRead(round, records);
+    const std::string absent = StoreAgreement::absentText(records, "reach the point of calibration");
+    if (!records.missing.empty()) {
+      C10_THROW_ERROR(DistBackendError, c10::str(where, "agreeing on step_ms=auto timed out: ", absent,
+                                                 ": the ranks' all-reduce sequences differ (or those ranks are "
+                                                 "stuck). ",
+                                                 kCalibrationAdvice));
+    }
+    C10_THROW_ERROR(DistBackendError, c10::str(where, "agreeing on step_ms=auto failed: ", absent,
+                                               ". Nothing was calibrated; the group cannot go on without it"));
   }
   bool same = true;
   int64_t stepOfRank0 = 0;
@@ -92,7 +97,7 @@ int64_t StepClock::agree(const Proposal& p) const {
   if (same) {
     return stepOfRank0;
   }
-  agreement_->holdStoreUntilRead(round);
+  agreement_->holdStoreUntilRead(round, records);
   C10_THROW_ERROR(Error, c10::str(where, "the ranks calibrated step_ms=auto on different streams (", proposals.str(),
                                   "): their all-reduce sequences differ, so they would disagree on who is late. "
                                   "Plain all_reduce calls are keyed by tensor storage, which can differ across "

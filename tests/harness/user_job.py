@@ -38,12 +38,14 @@ def run_user_job(
     cwd: Path,
     nproc: int = 2,
     timeout: float = 240,
+    check: bool = True,
 ) -> subprocess.CompletedProcess:
     """Run ``script args`` on ``nproc`` ranks with ``env`` (``DELAYCOMM_*``) as the only configuration.
 
     Every ``DELAYCOMM_*`` variable of this process that ``env`` does not set is left out, as a user's shell would
     not have it. Returns a ``CompletedProcess`` whose ``stdout`` and ``stderr`` are the job's; the run fails the
-    test (with the output) when the job fails.
+    test (with the output) when the job fails, unless ``check`` is false (torchrun only: a job expected to fail,
+    whose exit code and output the test reads).
     """
     full = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
     full.update(env)
@@ -51,11 +53,12 @@ def run_user_job(
     if launcher == "torchrun":
         argv = ["--standalone", "--nproc_per_node", str(nproc), str(script), *args]
         proc = run_cli(argv, timeout=timeout, env=full, cwd=str(cwd), module="torch.distributed.run")
-        assert proc.returncode == 0, (
+        assert proc.returncode == 0 or not check, (
             f"torchrun {' '.join(argv)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-6000:]}"
         )
         return proc
     assert launcher == "forked", launcher
+    assert check, "run_user_job: check=False needs launcher='torchrun' (a forked rank that fails fails run_procs)"
     dropped = sorted(k for k in os.environ if k.startswith("DELAYCOMM_") and k not in env)
     outputs = run_procs(_rank, nproc, str(script), list(args), str(cwd), dropped, timeout=timeout, env=full)
     out = "".join(o for o, _ in outputs)
