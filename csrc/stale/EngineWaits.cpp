@@ -39,12 +39,12 @@ bool EngineWaits::closed() const {
   return closed_;
 }
 
-EngineWaits::Woke EngineWaits::sleepUntil(SteadyClock::time_point target) {
+EngineWaits::Woke EngineWaits::sleepUntil(SteadyClock::time_point target, bool endWhenGone) {
   {
     std::unique_lock<std::mutex> lock(mutex_);
     const auto coarse = target - kSpinMargin;
-    if (interruptedLocked() ||
-        (SteadyClock::now() < coarse && cv_.wait_until(lock, coarse, [this] { return interruptedLocked(); }))) {
+    const auto interrupted = [&] { return closed_ || (endWhenGone && watch_.goneCount() > 0); };
+    if (interrupted() || (SteadyClock::now() < coarse && cv_.wait_until(lock, coarse, interrupted))) {
       return closed_ ? Woke::kClosed : Woke::kGone;
     }
   }

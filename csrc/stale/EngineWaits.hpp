@@ -45,8 +45,10 @@ class EngineWaits {
   void setTimeout(std::chrono::milliseconds timeout) { timeoutMs_.store(timeout.count()); }
 
   // Sleeps until `target` (as precise as sleepUntilPrecise: the last kSpinMargin spins); kDone at the target,
-  // kClosed or kGone when the group closes or a member is found gone first.
-  Woke sleepUntil(SteadyClock::time_point target);
+  // kClosed or kGone when the group closes or (if `endWhenGone`) a member is found gone first. A wait whose end is
+  // already decided (waiting out a gate timeout that every rank computed from the shared schedule) passes false:
+  // a member that ends because it reached the same timeout first must not change this rank's verdict.
+  Woke sleepUntil(SteadyClock::time_point target, bool endWhenGone = true);
   // Waits until done() returns true (kDone), checking it at once and then once per slice, until `deadline`
   // (kDeadline). A member found gone ends the wait (kGone) only when done() is still false once more after it
   // was found (a record it published before it went is never missed), and only if `endWhenGone` (a wait that
@@ -63,8 +65,6 @@ class EngineWaits {
   bool closed() const;
 
  private:
-  bool interruptedLocked() const { return closed_ || watch_.goneCount() > 0; }
-
   mutable std::mutex mutex_;
   std::condition_variable cv_;
   bool closed_ = false;

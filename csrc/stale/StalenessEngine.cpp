@@ -156,13 +156,20 @@ void StalenessEngine::checkStepLocked(const KeyTable::Stream& stream, const at::
   const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
   if (const int late = plan.gateTimeoutRank(timeoutNs); late >= 0) {
     // Every rank waits out the timeout (the late rank at the gate, the others as they would in the collective)
-    // and raises the same error; no rank issues the reduction, so the inner group stays in step.
+    // and raises the same error; no rank issues the reduction, so the inner group stays in step. A member found
+    // gone early ends the wait at once (its process ended: nothing is left to wait for); one found gone in the last
+    // stretch reached the same timeout first (the ranks enter the gate within a skew of each other), so the
+    // verdict stays the timeout on every rank. A close() ends it at any point.
     const std::string keyText = keys_.describe(key);
     const char* op = keys_.opText(key);
     const uint64_t step = stream.step;
     lock.unlock();
     emit(warnings);
-    sleepAtGate(SteadyClock::now() + timeout, op, step, keyText);
+    const auto deadline = SteadyClock::now() + timeout;
+    const auto skew = std::min<std::chrono::milliseconds>(
+        timeout / 2, std::max<std::chrono::milliseconds>(std::chrono::seconds(2), timeout / 5));
+    sleepAtGate(deadline - skew, op, step, keyText);
+    sleepAtGate(deadline, op, step, keyText, /*endWhenGone=*/false);
     lock.lock();
     throwGateTimeout(key, step, late, plan, clock_.stepNs(), timeout);
   }
@@ -260,8 +267,8 @@ void StalenessEngine::waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, co
 }
 
 void StalenessEngine::sleepAtGate(SteadyClock::time_point until, const char* op, uint64_t step,
-                                  const std::string& keyText) {
-  switch (waits_.sleepUntil(until)) {
+                                  const std::string& keyText, bool endWhenGone) {
+  switch (waits_.sleepUntil(until, endWhenGone)) {
     case EngineWaits::Woke::kClosed:
       throwClosed(op, step, keyText);
     case EngineWaits::Woke::kGone:

@@ -150,8 +150,10 @@ class StalenessEngine {
   void recordLocked(int64_t nFresh, const std::vector<KeyTable::Arrival>& arriving, Warnings& warnings);
   // The SSP gate (no lock): waits waitNs, or raises when the group closes meanwhile.
   void waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op, const std::string& keyText);
-  // Sleeps at the gate until `until` (no lock); raises when the group closes or a member is found gone meanwhile.
-  void sleepAtGate(SteadyClock::time_point until, const char* op, uint64_t step, const std::string& keyText);
+  // Sleeps at the gate until `until` (no lock); raises when the group closes or (if `endWhenGone`) a member is
+  // found gone meanwhile.
+  void sleepAtGate(SteadyClock::time_point until, const char* op, uint64_t step, const std::string& keyText,
+                   bool endWhenGone = true);
 
   void emit(Warnings& warnings) const;
   [[noreturn]] void throwGateTimeout(uint64_t key, uint64_t step, int late, const StepPlan& plan, int64_t stepNs,
