@@ -83,7 +83,7 @@ def test_defaults_and_quick():
     assert [c.name for c in configs] == [c.name for c in CONFIGS]
     assert (hp.model, hp.nproc, hp.epochs, hp.batch_size, hp.seed, hp.budget_s) == ("mlp", 2, 30, 32, 0, None)
     hp, _, _ = parse_args(["--quick"])
-    assert (hp.epochs, hp.timeout_s) == (4, 120.0)
+    assert (hp.epochs, hp.timeout_s) == (2, 120.0)
     hp, _, _ = parse_args(["--quick", "--epochs", "2"])
     assert hp.epochs == 2
     hp, configs, _ = parse_args(["--configs", "asp-drop, gloo", "--budget", "1.5"])

@@ -41,6 +41,7 @@ class BuiltinJob:
         return {
             "backend": config.backend,
             "parallel": config.parallel,
+            "warmup_steps": config.warmup_steps,
             "options": resolved_options(config, hp.delay, None, hp.step_ms, hp.fraction, hp.ema_alpha),
         }
 

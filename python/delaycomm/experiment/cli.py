@@ -16,7 +16,7 @@ from delaycomm.experiment.worker import MODELS
 __all__ = ["build_parser", "parse_args", "main"]
 
 DEFAULT_EPOCHS = 30
-QUICK_EPOCHS = 4
+QUICK_EPOCHS = 2
 DEFAULT_TIMEOUT_S = 600.0
 QUICK_TIMEOUT_S = 120.0
 _PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -104,6 +104,14 @@ def build_parser() -> argparse.ArgumentParser:
         "update_noise_ratio, update_deviation, effective_lr, oscillation (DDP configs only)",
     )
     p.add_argument(
+        "--measure-every",
+        type=argtypes.integer(1),
+        default=1,
+        metavar="K",
+        help="with --measure-updates, the full-batch gradient every K-th step (the training loss: every step; "
+        "default: 1)",
+    )
+    p.add_argument(
         "--oscillation-steps",
         type=argtypes.integer(1),
         default=200,
@@ -171,6 +179,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[Hyper, list[ExperimentCon
         ema_alpha=a.ema_alpha,
         warmup_steps=a.warmup,
         measure=a.measure_updates,
+        measure_every=a.measure_every,
         oscillation_steps=a.oscillation_steps,
     )
     if hp.measure and any(c.parallel != "ddp" for c in configs):

@@ -31,6 +31,7 @@ class ExperimentConfig:
             are reduce-scattered, keyed by FSDP2's reduction scope).
         delay: a delay spec of this config's own, in place of the experiment's ``--delay`` (the claims' delay
             families); None: the experiment's.
+        warmup_steps: an EpochWarmup of this config's own (the claims' warmup); None: the experiment's ``--warmup``.
     """
 
     name: str
@@ -40,6 +41,7 @@ class ExperimentConfig:
     description: str
     parallel: str = "ddp"
     delay: str | None = None
+    warmup_steps: int | None = None
 
 
 CONFIGS: tuple[ExperimentConfig, ...] = (

@@ -58,6 +58,7 @@ class Hyper:
     ema_alpha: float | None = None
     warmup_steps: int = 0
     measure: bool = False
+    measure_every: int = 1
     oscillation_steps: int = 200
 
     @property
@@ -102,8 +103,9 @@ class Runner:
             "progress_every": 5,
             "parallel": config.parallel,
             "hidden": hp.hidden,
-            "warmup_steps": hp.warmup_steps,
+            "warmup_steps": hp.warmup_steps if config.warmup_steps is None else config.warmup_steps,
             "measure": hp.measure,
+            "measure_every": hp.measure_every,
         }
         prefix = f"delaycomm-experiment/{self._runs}-{config.name}/"
         started = time.monotonic()

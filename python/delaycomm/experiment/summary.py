@@ -108,6 +108,7 @@ def summarize(
         "epochs": len(r0["epochs"]),
         "stopped_by_budget": r0["stopped_by_budget"],
         "wall_s": wall_s,
+        "cpu_s": sum(r.get("cpu_s", 0.0) for r in ranks),
         "steps_per_s": n / wall_s if wall_s > 0 else 0.0,
         "step_p50_ms": float(np.percentile(step_s, 50)) * 1e3 if n else None,
         "step_p99_ms": float(np.percentile(step_s, 99)) * 1e3 if n else None,
@@ -115,7 +116,7 @@ def summarize(
     if config.backend == "delaycomm":
         metrics.update(telemetry([r.get("stats") or {} for r in ranks]))
     if r0.get("probe") is not None:
-        metrics.update(summarize_probe(r0["probe"], lr, oscillation_steps))
+        metrics.update(summarize_probe(r0["probe"], lr, oscillation_steps, r0["steps_per_epoch"]))
     out["metrics"] = metrics
     out["curves"] = {
         "step": list(range(1, n + 1)),

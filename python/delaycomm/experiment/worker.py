@@ -133,7 +133,7 @@ class _Loop:
         warmup = job.get("warmup_steps") or 0
         self.sched = EpochWarmup(self.opt, warmup, steps_per_epoch=self.spe) if warmup > 1 else None
         self.probe = (
-            UpdateProbe(self.model, self.loss_fn, self.x_train, self.y_train)
+            UpdateProbe(self.model, self.loss_fn, self.x_train, self.y_train, job.get("measure_every", 1))
             if (job.get("measure") and rank == 0)
             else None
         )
@@ -216,6 +216,7 @@ def _train(rank: int, world: int, job: dict[str, Any], data: dict[str, np.ndarra
     return {
         "rank": rank,
         "pid": os.getpid(),
+        "cpu_s": time.process_time(),  # this process's CPU time since it was forked
         "task_kind": "regression" if lp.regression else "classification",
         "wall_s": wall_s,
         "steps": len(lp.losses),
