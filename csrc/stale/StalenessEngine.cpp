@@ -26,7 +26,8 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
       stats_(std::move(stats)),
       agreement_(rank, size, std::move(store), options_.timeout),
       keys_(size, options_.maxKeys),
-      clock_(rank, options_, &agreement_) {
+      clock_(rank, options_, &agreement_),
+      update_(options_.updateStats ? std::make_unique<UpdateStats>() : nullptr) {
   // Validated once, by delaycomm._config (docs/config.md); what the engine relies on:
   TORCH_INTERNAL_ASSERT(options_.mode == StalenessMode::kSsp || options_.mode == StalenessMode::kAsp,
                         "delaycomm: StalenessEngine: staleness must be ssp or asp");
@@ -83,7 +84,11 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
     stash = at::empty_like(t, at::MemoryFormat::Contiguous);
     stream.mine.push_back(KeyTable::Deferred{step + static_cast<uint64_t>(plan.lateness[me]), step, *stash});
   }
+  const at::Tensor before = update_ ? t.clone() : at::Tensor();  // update_stats: the fresh gradient, unblended
   kernels::fusedBlend(t, w.fresh, due, std::vector<double>(due.size(), w.stale), stash);
+  if (update_) {
+    update_->record(before, resultScale, t);
+  }
 
   recordLocked(plan.nFresh, arriving, warnings);
   StepInfo info;
@@ -420,6 +425,9 @@ void StalenessEngine::telemetry(StalenessTelemetry& out) const {
   out.stepKey = src.key;
   out.stepIntervals = src.intervals;
   out.stepCall = src.atCall;
+  if (update_) {
+    update_->fill(out.update);
+  }
 }
 
 std::string StalenessEngine::describeKey(uint64_t key) const {

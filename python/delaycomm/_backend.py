@@ -107,6 +107,7 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
     stale.alpha = cfg.ema_alpha
     stale.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
     stale.max_pending = cfg.max_pending
+    stale.update_stats = cfg.update_stats
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 

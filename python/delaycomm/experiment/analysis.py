@@ -26,6 +26,8 @@ TELEMETRY = (
     ("stale_fresh_ratio", lambda d: (d.get("staleness") or {}).get("stale_fresh_ratio")),
     ("stale", lambda d: (d.get("staleness") or {}).get("stale")),
     ("dropped", lambda d: (d.get("staleness") or {}).get("dropped")),
+    ("engine_update_deviation", lambda d: (d.get("update") or {}).get("deviation")),
+    ("engine_update_scale", lambda d: (d.get("update") or {}).get("scale")),
 )
 
 

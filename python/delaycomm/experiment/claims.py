@@ -403,8 +403,9 @@ def _run_task(task: str, ts: TaskSetting, ns: argparse.Namespace, out: Path) -> 
         wanted = {n.strip() for n in ns.configs.split(",")} | {"gloo"}
         known = {c.name for c in claim_configs("digits", "", 1)}
         if wanted - known:
-            raise ValueError(f"argument --configs: unknown {', '.join(sorted(wanted - known))}; accepted: "
-                             f"{', '.join(sorted(known))}")
+            raise ValueError(
+                f"argument --configs: unknown {', '.join(sorted(wanted - known))}; accepted: {', '.join(sorted(known))}"
+            )
         configs = [c for c in configs if c.name in wanted]
     job = BuiltinJob(ts.hyper)
     seeds = list(range(2 if ns.quick else ns.seeds))

@@ -112,6 +112,12 @@ def build_run_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="delaycomm-experiment", metavar="DIR", help="results folder, resumable")
     p.add_argument("--lower-better", default="", metavar="NAMES", help="metrics where lower is better")
     p.add_argument("--higher-better", default="", metavar="NAMES", help="metrics where higher is better")
+    p.add_argument(
+        "--update-stats",
+        action="store_true",
+        help="DELAYCOMM_UPDATE_STATS=1 for the stale configs: delaycomm measures each rank's contribution against its "
+        "BSP one (an extra pass per stale step; docs/telemetry.md)",
+    )
     p.add_argument("--list-configs", action="store_true", help="print the configs and their settings, then exit")
     add_knobs(p, DEFAULT_DELAY)
     add_outputs(p, (".png", ".pdf", ".svg"))
@@ -147,6 +153,8 @@ def table_configs(ns: argparse.Namespace, names: list[str] | None, trace_dir: st
         c = usable[n]
         opts = resolved_options(c, delay, None, ns.step_ms, ns.fraction, ns.ema_alpha)
         env = {f"DELAYCOMM_{k.upper()}": _env_value(v) for k, v in opts.items()}
+        if getattr(ns, "update_stats", False) and str(opts.get("staleness", "bsp")) not in ("bsp", "ssp:0"):
+            env["DELAYCOMM_UPDATE_STATS"] = "1"
         desc = REFERENCE_DESCRIPTION if not env else c.description
         out.append(ScriptConfig(n, env, desc))
     return out
@@ -171,6 +179,7 @@ def parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, list, Any]:
         raise ValueError(f"the script {command[0]!r} is not a file")
     if ns.config_file:
         knobs = [f for f in ("fraction", "ema_alpha", "delay_cap", "step_ms") if getattr(ns, f) is not None]
+        knobs += ["update_stats"] if ns.update_stats else []
         if knobs:
             raise ValueError(
                 f"argument --config-file: --{knobs[0].replace('_', '-')} applies to the built-in table's configs; "

@@ -64,6 +64,23 @@ def telemetry(stats: Sequence[dict]) -> dict[str, Any]:
             (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")), default=0.0
         ),
         "staleness": _staleness([s.get("staleness") for s in stats]),
+        "update": _update([(s.get("staleness") or {}).get("update") for s in stats]),
+    }
+
+
+def _update(blocks: Sequence[dict | None]) -> dict[str, Any] | None:
+    """The engine's opt-in update statistics (update_stats=1), summed over ranks: each rank's contribution against
+    its BSP one (docs/telemetry.md, "Update statistics"); None when off."""
+    on = [b for b in blocks if b and b.get("enabled")]
+    if not on:
+        return None
+    fresh = sum(b["fresh_sq"] for b in on)
+    steps = sum(b["steps"] for b in on)
+    scales = [b["scale"] for b in on if b.get("scale") is not None]
+    return {
+        "steps": steps,
+        "deviation": sum(b["deviation_sq"] for b in on) / fresh if fresh > 0 else None,
+        "scale": sum(scales) / len(scales) if scales else None,
     }
 
 
