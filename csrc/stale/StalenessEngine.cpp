@@ -26,14 +26,16 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
       stats_(std::move(stats)),
       agreement_(rank, size, std::move(store), options_.timeout),
       keys_(size, options_.maxKeys),
-      clock_(rank, options_, &agreement_),
-      update_(options_.updateStats ? std::make_unique<UpdateStats>() : nullptr) {
+      clock_(rank, options_, &agreement_) {
   // Validated once, by delaycomm._config (docs/config.md); what the engine relies on:
   TORCH_INTERNAL_ASSERT(options_.mode == StalenessMode::kSsp || options_.mode == StalenessMode::kAsp,
                         "delaycomm: StalenessEngine: staleness must be ssp or asp");
   TORCH_INTERNAL_ASSERT(options_.mode == StalenessMode::kAsp || options_.bound >= 1,
                         "delaycomm: StalenessEngine: ssp needs a bound >= 1, got ", options_.bound);
   TORCH_INTERNAL_ASSERT(options_.timeout.count() > 0, "delaycomm: StalenessEngine: the timeout must be > 0 ms");
+  if (options_.updateStats) {
+    stats_->enableUpdateStats();  // stats/UpdateStats.hpp
+  }
   fsdp_scope::acquire();
 }
 
@@ -84,10 +86,11 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
     stash = at::empty_like(t, at::MemoryFormat::Contiguous);
     stream.mine.push_back(KeyTable::Deferred{step + static_cast<uint64_t>(plan.lateness[me]), step, *stash});
   }
-  const at::Tensor before = update_ ? t.clone() : at::Tensor();  // update_stats: the fresh gradient, unblended
+  UpdateStats* const updates = stats_->updateStats();  // update_stats=1 only: the fresh gradient, unblended
+  const at::Tensor unblended = updates != nullptr ? t.clone() : at::Tensor();
   kernels::fusedBlend(t, w.fresh, due, std::vector<double>(due.size(), w.stale), stash);
-  if (update_) {
-    update_->record(before, resultScale, t);
+  if (updates != nullptr) {
+    updates->record(unblended, resultScale, t);
   }
 
   recordLocked(plan.nFresh, arriving, warnings);
@@ -425,9 +428,6 @@ void StalenessEngine::telemetry(StalenessTelemetry& out) const {
   out.stepKey = src.key;
   out.stepIntervals = src.intervals;
   out.stepCall = src.atCall;
-  if (update_) {
-    update_->fill(out.update);
-  }
 }
 
 std::string StalenessEngine::describeKey(uint64_t key) const {

@@ -21,7 +21,6 @@
 #include "stale/StaleOptions.hpp"
 #include "stale/StepClock.hpp"
 #include "stale/StepPlan.hpp"
-#include "stale/UpdateStats.hpp"
 #include "stats/OpStats.hpp"
 
 namespace delaycomm {
@@ -169,8 +168,7 @@ class StalenessEngine {
   int64_t windowFresh_ = 0;
   int64_t windowStale_ = 0;
   bool warnedRatio_ = false;
-  bool warnedUnengaged_ = false;         // the one warning that staleness cannot engage (calibration or keys)
-  std::unique_ptr<UpdateStats> update_;  // update_stats=1 only
+  bool warnedUnengaged_ = false;  // the one warning that staleness cannot engage (calibration or keys)
 };
 
 }  // namespace delaycomm

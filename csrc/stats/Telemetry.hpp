@@ -80,7 +80,7 @@ struct OpTelemetry {
   uint64_t matchUncalibrated = 0;
 };
 
-// The opt-in update statistics of the staleness engine (stale/UpdateStats.hpp): sums over this rank's stale steps.
+// The opt-in update statistics of the staleness engine (stats/UpdateStats.hpp): sums over this rank's engine steps.
 struct UpdateTelemetry {
   bool enabled = false;
   uint64_t steps = 0;

@@ -77,6 +77,13 @@ def create_backend(dist_opts, pg_options):
     _fill_stale_options(native, cfg, store)
     if cfg.staleness != "bsp":
         _ddp.install()  # DDP hooks run in their bucket's scope (docs/staleness.md, "Which reductions go stale")
+    elif cfg.update_stats:
+        warnings.warn(
+            "delaycomm: update_stats=1 measures the steps of the staleness engine, and staleness='bsp' has none: "
+            "stats()['staleness']['update'] stays empty (set staleness='ssp:S' or 'asp'; docs/telemetry.md)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 

@@ -97,3 +97,12 @@ def test_list_configs_prints_every_config_with_its_keywords(capsys):
     for c in CONFIGS:
         assert f"  {c.name} " in out
     assert "delay='exp:p99=20ms'" in out and "seed=7" in out
+
+
+def test_run_update_stats_turns_it_on_for_the_stale_configs_only(capsys):
+    assert main(["run", "--update-stats", "--list-configs"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()}
+    for name in ("ssp2-ema", "asp-apply", "asp-drop"):
+        assert "DELAYCOMM_UPDATE_STATS=1" in lines[name], lines[name]
+    for name in ("gloo", "bsp", "bsp-delay", "straggler"):
+        assert "DELAYCOMM_UPDATE_STATS" not in lines[name], lines[name]

@@ -43,7 +43,8 @@ def forked(tmp_path_factory):
         tmp,
         "configs.txt",
         "[gloo]\n[delayed]\nDELAYCOMM_DELAY = const:5ms\nDELAYCOMM_DELAY_FRACTION = 0.5\n"
-        "[fails]\nDELAYCOMM_DELAY = const:1ms\n[silent]\nDELAYCOMM_DELAY = const:3ms\n",
+        "[fails]\nDELAYCOMM_DELAY = const:1ms\n[silent]\nDELAYCOMM_DELAY = const:3ms\n"
+        "[stale]\nDELAYCOMM_DELAY = const:5ms\nDELAYCOMM_STALENESS = ssp:2\nDELAYCOMM_UPDATE_STATS = 1\n",
     )
     out, js = tmp / "out", tmp / "run.json"
     argv = ["run", "--launcher", "forked", "--seeds", "2", "--config-file", configs, "--out", str(out)]
@@ -64,7 +65,7 @@ def test_every_config_and_seed_runs_and_reports(forked):
     (code, stdout, stderr), _, doc = forked
     assert code == 1, stdout + stderr  # two configs fail on purpose
     runs = {(r["config"], r["seed"]): r for r in doc["runs"]}
-    assert len(runs) == 8
+    assert len(runs) == 10
     for seed in (0, 1):
         g, d = runs[("gloo", seed)], runs[("delayed", seed)]
         assert g["status"] == d["status"] == "ok", (g["message"], d["message"])
@@ -83,7 +84,15 @@ def test_every_config_and_seed_runs_and_reports(forked):
         assert runs[("fails", seed)]["message"] == "exit code 1: rank 0: ValueError: the job failed on purpose"
         assert runs[("silent", seed)]["status"] == "failed"
         assert runs[("silent", seed)]["message"].startswith("the script reported no metric: print 'DELAYCOMM_METRIC")
+    for seed in (0, 1):
+        # an unmodified DDP script under ssp:2: its buckets went stale, and the engine measured what each rank sent
+        s = runs[("stale", seed)]
+        assert s["status"] == "ok", s["message"]
+        assert s["delaycomm"]["staleness"]["stale"] > 0
+        assert s["delaycomm"]["update"]["steps"] > 0 and 0 < s["delaycomm"]["update"]["deviation"] < 2
+        assert runs[("delayed", seed)]["delaycomm"]["update"] is None  # off by default
     a = {c["name"]: c for c in doc["analysis"]["configs"]}
+    assert a["stale"]["delaycomm"]["engine_update_deviation"]["n"] == 2
     assert a["delayed"]["vs_baseline"]["final_loss"]["identical"] is True
     assert a["delayed"]["vs_baseline"]["final_loss"]["verdict"] == "no difference shown"
     assert a["delayed"]["vs_baseline"]["wall_s"]["n"] == 2

@@ -18,9 +18,11 @@ STEPS = 8
 LATE = dict(delay="const:5ms", delay_fraction=1.0, staleness="ssp:4", stale_policy="apply", step_ms=2.0)
 
 
-@pytest.mark.parametrize("average", [False, True])
-def test_sums_when_every_contribution_is_three_steps_late(average):
-    outs = run_threads(lambda ctx: _job_avg(ctx, average), 2, timeout=60)
+@pytest.mark.parametrize(
+    "average,dtype", [(False, torch.float32), (True, torch.float32), (True, torch.bfloat16), (False, torch.float64)]
+)
+def test_sums_when_every_contribution_is_three_steps_late(average, dtype):
+    outs = run_threads(lambda ctx: _job_avg(ctx, average, dtype), 2, timeout=60)
     for rank, u in enumerate(outs):
         scale = 0.5 if average else 1.0
         sq = 64 * ((rank + 1) * scale) ** 2  # ||b||^2 of one step
@@ -32,11 +34,34 @@ def test_sums_when_every_contribution_is_three_steps_late(average):
         assert u["scale"] == pytest.approx((STEPS - 3) / STEPS)
 
 
-def _job_avg(ctx, average):
+def _job_avg(ctx, average, dtype):
     g = ctx.group(update_stats=True, **LATE)
-    grad = torch.full((64,), float(ctx.rank + 1), dtype=torch.float32)
+    grad = torch.full((64,), float(ctx.rank + 1), dtype=dtype)
     for _ in range(STEPS):
         delaycomm.stale_allreduce(grad.clone(), key=7, group=g, average=average)
+    update = delaycomm.stats(g)["staleness"]["update"]
+    delaycomm.flush(g)
+    return update
+
+
+def test_sums_when_the_gradient_changes_every_step():
+    # The gradient of step k is (k + 1) * (rank + 1): from step 4 on the rank sends its gradient of step k - 3, so
+    # c - b = -3 * (rank + 1) per element there (hand-computed below), and ||c|| / ||b|| = (k - 2) / (k + 1).
+    outs = run_threads(_job_ramp, 2, timeout=60)
+    for rank, u in enumerate(outs):
+        unit = 64 * (rank + 1) ** 2
+        assert u["steps"] == STEPS
+        assert u["fresh_sq"] == pytest.approx(unit * sum((k + 1) ** 2 for k in range(STEPS)))  # 204 units
+        assert u["sent_sq"] == pytest.approx(unit * (1 + 2**2 + 3**2 + 4**2 + 5**2))  # steps 0 and 4..7
+        assert u["deviation_sq"] == pytest.approx(unit * (2**2 + 3**2 + 4**2 + 4 * 3**2))  # steps 1..3, 4..7
+        assert u["deviation"] == pytest.approx(65 / 204)
+        assert u["scale"] == pytest.approx((1 + 2 / 5 + 3 / 6 + 4 / 7 + 5 / 8) / STEPS)
+
+
+def _job_ramp(ctx):
+    g = ctx.group(update_stats=True, **LATE)
+    for k in range(STEPS):
+        delaycomm.stale_allreduce(torch.full((64,), float((k + 1) * (ctx.rank + 1))), key=9, group=g)
     update = delaycomm.stats(g)["staleness"]["update"]
     delaycomm.flush(g)
     return update
@@ -62,6 +87,32 @@ def _job_default(ctx):
     out = delaycomm.stats(g)["staleness"]["update"]
     delaycomm.flush(g)
     return out
+
+
+def test_reset_stats_zeroes_it():
+    outs = run_threads(_job_reset, 2, timeout=60)
+    assert outs[0] == (4, 0, 2)
+
+
+def _job_reset(ctx):
+    g = ctx.group(update_stats=True, **LATE)
+    for _ in range(4):
+        delaycomm.stale_allreduce(torch.ones(8), key=3, group=g)
+    before = delaycomm.stats(g)["staleness"]["update"]["steps"]
+    delaycomm.reset_stats(g)
+    zeroed = delaycomm.stats(g)["staleness"]["update"]
+    assert zeroed["fresh_sq"] == 0.0 and zeroed["deviation"] is None and zeroed["enabled"] is True
+    for _ in range(2):
+        delaycomm.stale_allreduce(torch.ones(8), key=3, group=g)
+    after = delaycomm.stats(g)["staleness"]["update"]["steps"]
+    delaycomm.flush(g)
+    return before, zeroed["steps"], after
+
+
+def test_under_bsp_it_warns_that_there_is_nothing_to_measure():
+    with pytest.warns(RuntimeWarning, match=r"update_stats=1 measures the steps of the staleness engine, and "):
+        out = run_threads(lambda ctx: delaycomm.stats(ctx.group(update_stats=True))["staleness"]["update"], 1)
+    assert out[0]["enabled"] is False
 
 
 def test_the_option_is_checked():
