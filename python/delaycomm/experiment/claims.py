@@ -316,7 +316,7 @@ NOT_MEASURABLE = (
 )
 NOT_MEASURABLE_WHY = (
     "needs NCCL on several GPUs: this machine has no GPU. bench/gpu_check.sh measures tree vs ring vs auto and the "
-    "buffer size on a GPU machine; the collective cost model (docs/profile.md) predicts both from measured latencies"
+    "buffer size on a GPU machine; the collective cost model (docs/costmodel.md) predicts both from measured latencies"
 )
 
 
