@@ -96,6 +96,8 @@ def main(argv: list[str] | None = None) -> int:
                 f,
                 indent=1,
             )
+    for g in groups.values():
+        delaycomm.flush(g)  # deliver what is still deferred before the groups end
     dist.destroy_process_group()
     return 0
 
