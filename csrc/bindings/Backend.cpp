@@ -155,7 +155,8 @@ void bindOptions(py::module_& m) {
       .def_readwrite("policy", &StalenessOptions::policy)
       .def_readwrite("alpha", &StalenessOptions::alpha)
       .def_readwrite("step_ms", &StalenessOptions::stepMs)
-      .def_readwrite("max_pending", &StalenessOptions::maxPending);
+      .def_readwrite("max_pending", &StalenessOptions::maxPending)
+      .def_readwrite("update_stats", &StalenessOptions::updateStats);
 
   py::class_<DelayOptions> delay(m, "DelayOptions", "The delay injector's typed, validated settings.");
   delay.def(py::init<>())

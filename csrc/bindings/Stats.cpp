@@ -89,6 +89,17 @@ py::dict stalenessDict(const StalenessTelemetry& st) {
   d["step_key"] = st.stepKey;
   d["step_intervals"] = st.stepIntervals;
   d["step_call"] = st.stepCall;
+  const UpdateTelemetry& u = st.update;
+  py::dict update;
+  update["enabled"] = u.enabled;
+  update["steps"] = u.steps;
+  update["fresh_sq"] = u.freshSq;
+  update["sent_sq"] = u.sentSq;
+  update["deviation_sq"] = u.deviationSq;
+  update["deviation"] = u.freshSq > 0.0 ? py::object(py::float_(u.deviationSq / u.freshSq)) : py::object(py::none());
+  update["scale"] = u.scaleSteps > 0 ? py::object(py::float_(u.scaleSum / static_cast<double>(u.scaleSteps)))
+                                     : py::object(py::none());
+  d["update"] = update;
   return d;
 }
 

@@ -19,9 +19,10 @@ struct StalenessOptions {
   StalenessMode mode = StalenessMode::kBsp;
   int64_t bound = 0;  // S of ssp:S (>= 1 under ssp)
   StalePolicy policy = StalePolicy::kEma;
-  double alpha = 0.1;       // ema weight of the stale contributions, in (0, 1]
-  double stepMs = 0.0;      // <= 0: calibrated (step_ms=auto)
-  int64_t maxPending = 64;  // asp: contributions in flight per key and rank before an error
+  double alpha = 0.1;        // ema weight of the stale contributions, in (0, 1]
+  double stepMs = 0.0;       // <= 0: calibrated (step_ms=auto)
+  int64_t maxPending = 64;   // asp: contributions in flight per key and rank before an error
+  bool updateStats = false;  // update_stats: the opt-in update statistics (stats/UpdateStats.hpp)
 
   // Internal knobs (no option: tests and docs/staleness.md name them).
   int64_t calibrationSteps = 5;         // intervals of one key that calibrate step_ms=auto

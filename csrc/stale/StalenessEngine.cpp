@@ -34,6 +34,9 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
   TORCH_INTERNAL_ASSERT(options_.mode == StalenessMode::kAsp || options_.bound >= 1,
                         "delaycomm: StalenessEngine: ssp needs a bound >= 1, got ", options_.bound);
   TORCH_INTERNAL_ASSERT(options_.timeout.count() > 0, "delaycomm: StalenessEngine: the timeout must be > 0 ms");
+  if (options_.updateStats) {
+    stats_->enableUpdateStats();  // stats/UpdateStats.hpp
+  }
   fsdp_scope::acquire();
 }
 
@@ -84,7 +87,12 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
     stash = at::empty_like(t, at::MemoryFormat::Contiguous);
     stream.mine.push_back(KeyTable::Deferred{step + static_cast<uint64_t>(plan.lateness[me]), step, *stash});
   }
+  UpdateStats* const updates = stats_->updateStats();  // update_stats=1 only: the fresh gradient, unblended
+  const at::Tensor unblended = updates != nullptr ? t.clone() : at::Tensor();
   kernels::fusedBlend(t, w.fresh, due, std::vector<double>(due.size(), w.stale), stash);
+  if (updates != nullptr) {
+    updates->record(unblended, resultScale, t);
+  }
 
   recordLocked(plan.nFresh, arriving, warnings);
   StepInfo info;

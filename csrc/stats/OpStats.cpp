@@ -86,6 +86,9 @@ void GroupStats::reset() {
   }
   staleness_.reset();
   host_.reset();
+  if (updates_) {
+    updates_->reset();
+  }
 }
 
 }  // namespace delaycomm

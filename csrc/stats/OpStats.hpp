@@ -15,6 +15,7 @@
 #include "ops/OpTable.hpp"
 #include "stats/Histogram.hpp"
 #include "stats/Telemetry.hpp"
+#include "stats/UpdateStats.hpp"
 
 namespace delaycomm {
 
@@ -149,6 +150,9 @@ class GroupStats {
   }
   // delay_mode=match: set once, before the group's first op (DelayInjector's constructor).
   void setOwnLatencySink(std::shared_ptr<OwnLatencySink> sink) { ownLatency_ = std::move(sink); }
+  // update_stats=1: set once, before the group's first op (StalenessEngine's constructor); null when off.
+  void enableUpdateStats() { updates_ = std::make_unique<UpdateStats>(); }
+  UpdateStats* updateStats() const { return updates_.get(); }
   // The counters and histograms as delaycomm.stats() reports them (stats/Telemetry.hpp); the staleness engine's
   // own values are left for the engine to fill. Fold the CUDA timings in first.
   GroupTelemetry telemetry() const;
@@ -162,6 +166,7 @@ class GroupStats {
   StalenessStats staleness_;
   HostStats host_;
   std::shared_ptr<OwnLatencySink> ownLatency_;
+  std::unique_ptr<UpdateStats> updates_;
 };
 
 }  // namespace delaycomm

@@ -93,6 +93,9 @@ GroupTelemetry GroupStats::telemetry() const {
   st.blockedMs = static_cast<double>(staleness_.blockedNs.load()) * 1e-6;
   st.staleFreshRatio = st.fresh ? static_cast<double>(st.stale) / static_cast<double>(st.fresh) : 0.0;
   st.staleness = summarize(staleness_.stalenessSteps, kUnitless);
+  if (updates_) {
+    updates_->fill(st.update);
+  }
   t.slowdown.calls = host_.slowdownCalls.load();
   t.slowdown.blocked = summarize(host_.slowdownNs, kMillisecondsFromNs);
   return t;

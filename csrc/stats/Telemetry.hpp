@@ -80,6 +80,17 @@ struct OpTelemetry {
   uint64_t matchUncalibrated = 0;
 };
 
+// The opt-in update statistics of the staleness engine (stats/UpdateStats.hpp): sums over this rank's engine steps.
+struct UpdateTelemetry {
+  bool enabled = false;
+  uint64_t steps = 0;
+  double freshSq = 0.0;      // sum of ||b||^2, b = the BSP contribution
+  double sentSq = 0.0;       // sum of ||c||^2, c = the contribution sent
+  double deviationSq = 0.0;  // sum of ||c - b||^2
+  double scaleSum = 0.0;     // sum of ||c|| / ||b|| over the steps with b != 0
+  uint64_t scaleSteps = 0;
+};
+
 // The staleness counters (docs/staleness.md). The engine's own values (from stepMs on) are filled by the engine
 // (StalenessEngine::telemetry); with the engine off they stay zeros and stepSource "off".
 struct StalenessTelemetry {
@@ -98,6 +109,7 @@ struct StalenessTelemetry {
   std::string stepKey;
   int64_t stepIntervals = 0;
   uint64_t stepCall = 0;
+  UpdateTelemetry update;
 };
 
 // The compute slowdown's blocking of the caller (slowdown=R:Kx).

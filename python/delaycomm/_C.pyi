@@ -70,6 +70,7 @@ class StalenessOptions:
     alpha: float
     step_ms: float
     max_pending: int
+    update_stats: bool
     def __init__(self) -> None: ...
 
 class DelayOptions:

@@ -75,6 +75,13 @@ def create_backend(dist_opts, pg_options):
     _fill_stale_options(native, cfg, store)
     if cfg.staleness != "bsp":
         _ddp.install()  # DDP hooks run in their bucket's scope (docs/staleness.md, "Which reductions go stale")
+    elif cfg.update_stats:
+        warnings.warn(
+            "delaycomm: update_stats=1 measures the steps of the staleness engine, and staleness='bsp' has none: "
+            "stats()['staleness']['update'] stays empty (set staleness='ssp:S' or 'asp'; docs/telemetry.md)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
@@ -103,6 +110,7 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
     stale.alpha = cfg.ema_alpha
     stale.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
     stale.max_pending = cfg.max_pending
+    stale.update_stats = cfg.update_stats
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 

@@ -227,6 +227,20 @@ def _parse_choice(*choices: str) -> Callable[[Any], str]:
     return parse
 
 
+def _parse_flag(v: Any) -> bool:
+    """A switch: True/False, 1/0, or the strings 1, 0, true, false, yes, no, on, off (any case)."""
+    if isinstance(v, bool):
+        return v
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    text = v.strip().lower() if isinstance(v, str) else None
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise _Invalid("0 or 1 (also true/false, yes/no, on/off)")
+
+
 MAX_DELAY_BURST = 1e12  # mean burst length in calls; far beyond any job, and exact in a double
 
 
@@ -609,6 +623,13 @@ OPTIONS: tuple[Option, ...] = (
         _parse_int(1, 1 << 20, "an integer in [1, 1048576]"),
         64,
         "under asp: most deferred contributions per key before an error",
+    ),
+    Option(
+        "update_stats",
+        _parse_flag,
+        "0",
+        "1: measure, per rank and stale step, the contribution sent against the BSP one (stats()['staleness']"
+        "['update']; an extra pass per stale step, docs/telemetry.md)",
     ),
     Option(
         "nccl_algo", _parse_nccl_algo, "allreduce:tree", "NCCL_ALGO to set before NCCL starts; auto leaves it alone"

@@ -83,7 +83,7 @@ def test_defaults_and_quick():
     assert [c.name for c in configs] == [c.name for c in CONFIGS]
     assert (hp.model, hp.nproc, hp.epochs, hp.batch_size, hp.seed, hp.budget_s) == ("mlp", 2, 30, 32, 0, None)
     hp, _, _ = parse_args(["--quick"])
-    assert (hp.epochs, hp.timeout_s) == (4, 120.0)
+    assert (hp.epochs, hp.timeout_s) == (2, 120.0)
     hp, _, _ = parse_args(["--quick", "--epochs", "2"])
     assert hp.epochs == 2
     hp, configs, _ = parse_args(["--configs", "asp-drop, gloo", "--budget", "1.5"])
@@ -97,3 +97,12 @@ def test_list_configs_prints_every_config_with_its_keywords(capsys):
     for c in CONFIGS:
         assert f"  {c.name} " in out
     assert "delay='exp:p99=20ms'" in out and "seed=7" in out
+
+
+def test_run_update_stats_turns_it_on_for_the_stale_configs_only(capsys):
+    assert main(["run", "--update-stats", "--list-configs"]) == 0
+    lines = {ln.split()[0]: ln for ln in capsys.readouterr().out.splitlines()}
+    for name in ("ssp2-ema", "asp-apply", "asp-drop"):
+        assert "DELAYCOMM_UPDATE_STATS=1" in lines[name], lines[name]
+    for name in ("gloo", "bsp", "bsp-delay", "straggler"):
+        assert "DELAYCOMM_UPDATE_STATS" not in lines[name], lines[name]

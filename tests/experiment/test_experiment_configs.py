@@ -89,4 +89,4 @@ EFFECTS = [
 @pytest.mark.parametrize("name,stats,expected", EFFECTS)
 def test_effect_problems(name, stats, expected):
     c = BY_NAME[name]
-    assert effect_problems(c, resolved_options(c, "exp:p99=40ms", 0), stats) == expected
+    assert effect_problems(c.backend, resolved_options(c, "exp:p99=40ms", 0), stats) == expected

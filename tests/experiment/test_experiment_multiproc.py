@@ -11,7 +11,7 @@ import os
 import pytest
 
 from delaycomm.experiment import CONFIGS
-from delaycomm.experiment.cli import main
+from delaycomm.experiment.cli import QUICK_EPOCHS, main
 from delaycomm.experiment.configs import ExperimentConfig
 from delaycomm.experiment.runner import Hyper, Runner, load_digits_split
 
@@ -47,7 +47,7 @@ def test_quick_every_config_trains(quick):
         assert rec["status"] == "ok", f"{name}: {rec['message']}"
         m = rec["metrics"]
         assert m["loss_fell"] and m["final_train_loss"] < m["initial_train_loss"], name
-        assert m["steps"] == 4 * doc["dataset"]["steps_per_epoch"], name
+        assert m["steps"] == QUICK_EPOCHS * doc["dataset"]["steps_per_epoch"], name
         assert m["test_accuracy"] > 0.1, name  # better than chance on 10 balanced classes
         assert len(rec["curves"]["loss"]) == m["steps"]
     for line in stdout.splitlines():
@@ -141,3 +141,30 @@ def test_timeout_stops_the_ranks_and_exits_1(capsys):
     assert "  bsp          timeout" in out
     assert "# bsp: timed out after 2 s (--timeout) with 0/2 ranks done" in out
     assert not multiprocessing.active_children()
+
+
+@pytest.mark.timeout(300)
+def test_seeds_knobs_and_resume(tmp_path, capsys):
+    """--seeds N through the multi-seed runner, with each knob reaching the config's options, then resumed."""
+    out, js = tmp_path / "out", tmp_path / "s.json"
+    argv = ["--configs", "gloo,ssp2-ema", "--epochs", "1", "--seeds", "2", "--seed", "3", "--no-progress"]
+    argv += ["--ema-alpha", "0.3", "--fraction", "0.2", "--delay-cap", "mean", "--warmup", "3", "--out", str(out)]
+    assert main([*argv, "--json", str(js)]) == 0, capsys.readouterr()
+    doc = json.loads(js.read_text())
+    assert [(r["config"], r["seed"]) for r in doc["runs"]] == [
+        ("gloo", 3),
+        ("gloo", 4),
+        ("ssp2-ema", 3),
+        ("ssp2-ema", 4),
+    ]
+    opts = doc["configs"][1]["options"]
+    assert opts["ema_alpha"] == 0.3 and opts["delay_fraction"] == 0.2 and opts["seed"] == 3
+    assert opts["delay"].startswith("trace:") and opts["delay"].endswith("cap-mean.txt")
+    assert doc["hyper"]["warmup_steps"] == 3
+    stale = {c["name"]: c for c in doc["analysis"]["configs"]}["ssp2-ema"]
+    assert stale["vs_baseline"]["test_accuracy"]["n"] == 2 and stale["delaycomm"]["stale_fresh_ratio"]["n"] == 2
+    text = capsys.readouterr().out
+    assert "# statistics over seeds 3..4" in text and "(baseline)" in text
+    # the same command again: every result comes from the folder
+    assert main(argv) == 0
+    assert "4 runs reused from" in capsys.readouterr().out

@@ -8,13 +8,15 @@ import sys
 from delaycomm._tools import args as argtypes
 from delaycomm._tools.output import write_json
 from delaycomm.experiment.configs import CONFIGS, DEFAULT_DELAY, ExperimentConfig, select_configs
+from delaycomm.experiment.run_cli import add_knobs, add_outputs
 from delaycomm.experiment.runner import Hyper
+from delaycomm.experiment.tasks import TASKS
 from delaycomm.experiment.worker import MODELS
 
 __all__ = ["build_parser", "parse_args", "main"]
 
 DEFAULT_EPOCHS = 30
-QUICK_EPOCHS = 4
+QUICK_EPOCHS = 2
 DEFAULT_TIMEOUT_S = 600.0
 QUICK_TIMEOUT_S = 120.0
 _PLOT_SUFFIXES = (".png", ".pdf", ".svg")
@@ -76,23 +78,45 @@ def build_parser() -> argparse.ArgumentParser:
         "--seed",
         type=argtypes.integer(0, 2**63 - 1),
         default=0,
-        help="seed of the split, the initial weights, the shuffling and the delay schedule (default: 0)",
+        help="the first seed (of the split, the initial weights, the shuffling and the delay schedule; default: 0)",
     )
     p.add_argument(
-        "--delay",
-        type=argtypes.delay_spec,
-        default=DEFAULT_DELAY,
-        metavar="SPEC",
-        help=f"delay distribution of the delayed configs (default: {DEFAULT_DELAY}); any delaycomm "
-        f"spec, e.g. lognormal:p50=5ms,p99=40ms",
+        "--seeds",
+        type=argtypes.integer(1, 1000),
+        default=1,
+        help="run every config with seeds SEED..SEED+N-1 and add the statistics: mean and 95%% interval per config, "
+        "paired comparison with gloo (default: 1)",
+    )
+    p.add_argument("--task", choices=tuple(TASKS), default="digits", help="built-in task (default: digits)")
+    add_knobs(p, DEFAULT_DELAY)
+    p.add_argument(
+        "--warmup",
+        type=argtypes.integer(0),
+        default=0,
+        metavar="STEPS",
+        help="learning-rate warmup restarted every epoch (delaycomm.schedule.EpochWarmup), at most the steps per "
+        "epoch (default: 0, none)",
     )
     p.add_argument(
-        "--step-ms",
-        type=argtypes.number(0.0, lo_open=True),
-        default=None,
-        metavar="MS",
-        help="step time that turns a delay into steps of staleness (default: calibrated by the backend "
-        "at init; set it to make the stale configs reproducible run to run)",
+        "--measure-updates",
+        action="store_true",
+        help="measure the applied update against the fresh and the full-batch gradient at every step (rank 0): "
+        "update_noise_ratio, update_deviation, effective_lr, oscillation (DDP configs only)",
+    )
+    p.add_argument(
+        "--measure-every",
+        type=argtypes.integer(1),
+        default=1,
+        metavar="K",
+        help="with --measure-updates, the full-batch gradient every K-th step (the training loss: every step; "
+        "default: 1)",
+    )
+    p.add_argument(
+        "--oscillation-steps",
+        type=argtypes.integer(1),
+        default=200,
+        metavar="K",
+        help="the loss oscillation counts the first K steps (default: 200)",
     )
     p.add_argument(
         "--timeout",
@@ -106,19 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help=f"{QUICK_EPOCHS} epochs per config: a few minutes at most on a 2-core machine (for CI)",
     )
-    p.add_argument(
-        "--json",
-        type=argtypes.output_path(),
-        metavar="FILE",
-        help="write every measurement, the curves and the settings as JSON",
-    )
-    p.add_argument(
-        "--plot",
-        type=argtypes.output_path(_PLOT_SUFFIXES),
-        metavar="FILE",
-        help=f"write loss vs step / vs wall clock and test accuracy ({', '.join(_PLOT_SUFFIXES)})",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--out", metavar="DIR", default=None, help="keep each run's record here and reuse it (resumable)")
+    add_outputs(p, _PLOT_SUFFIXES)
     return p
 
 
@@ -161,7 +174,17 @@ def parse_args(argv: list[str] | None = None) -> tuple[Hyper, list[ExperimentCon
         budget_s=a.budget,
         timeout_s=timeout,
         step_ms=a.step_ms,
+        task=a.task,
+        fraction=a.fraction,
+        ema_alpha=a.ema_alpha,
+        warmup_steps=a.warmup,
+        measure=a.measure_updates,
+        measure_every=a.measure_every,
+        oscillation_steps=a.oscillation_steps,
     )
+    if hp.measure and any(c.parallel != "ddp" for c in configs):
+        bad = ", ".join(c.name for c in configs if c.parallel != "ddp")
+        raise ValueError(f"argument --measure-updates: measures DDP configs only; leave out {bad} (--configs)")
     return hp, configs, a
 
 
@@ -177,8 +200,18 @@ def _list_configs(delay: str, seed: int, step_ms: float | None) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the experiment; print the table. Exit status: 0 every config ran (or is not available in this build),
-    1 a config failed or timed out, 2 bad arguments."""
+    """``python -m delaycomm.experiment [run | claims] ...``. The built-in task: print the table (and, with
+    ``--seeds`` > 1, the statistics). Exit status: 0 every run ok (or not available in this build), 1 a run failed
+    or timed out, 2 bad arguments or a missing extra."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["run"]:
+        from delaycomm.experiment.run_cli import main_run
+
+        return main_run(argv[1:])
+    if argv[:1] == ["claims"]:
+        from delaycomm.experiment.claims import main_claims
+
+        return main_claims(argv[1:])
     try:
         hp, configs, ns = parse_args(argv)
     except ValueError as e:
@@ -188,22 +221,43 @@ def main(argv: list[str] | None = None) -> int:
         print(_list_configs(hp.delay, hp.seed, hp.step_ms))
         return 0
 
-    from delaycomm.experiment.report import format_table, plot
+    from delaycomm.experiment.analysis import format_delaycomm, format_errors, format_stats, plot_study
     from delaycomm.experiment.run import header_lines, run_experiment
+    from delaycomm.experiment.summary import format_table, plot
+    from delaycomm.experiment.tasks import MissingExtra, require_matplotlib, require_sklearn
 
     try:
-        doc = run_experiment(hp, configs, progress=False if ns.no_progress else None)
-    except ValueError as e:
+        require_sklearn()
+        if ns.plot:
+            require_matplotlib()
+        doc = run_experiment(
+            hp,
+            configs,
+            progress=False if ns.no_progress else None,
+            seeds=ns.seeds,
+            out=ns.out,
+            fresh=ns.fresh,
+            delay_cap=ns.delay_cap,
+        )
+    except (ValueError, MissingExtra) as e:
         print(f"python -m delaycomm.experiment: error: {e}", file=sys.stderr)
         return 2
     header = header_lines(doc)
     print(format_table(doc["configs"], header))
-    print(f"# duration {doc['duration_s']:.1f} s")
+    if ns.seeds > 1:
+        print(format_stats(doc["analysis"], [f"statistics over seeds {hp.seed}..{hp.seed + ns.seeds - 1}"]))
+        print(format_delaycomm(doc["analysis"]))
+        for line in format_errors(doc["runs"]):
+            print(line)
+    print(f"# duration {doc['duration_s']:.1f} s" + (f"; {doc['reused']} runs reused from {ns.out}" if ns.out else ""))
     if ns.json:
         write_json(ns.json, doc)
         print(f"# wrote {ns.json}")
     if ns.plot:
-        plot(doc["configs"], ns.plot, header[0])
+        if ns.seeds > 1:
+            plot_study(doc["analysis"], ns.plot, header[0])
+        else:
+            plot(doc["configs"], ns.plot, header[0])
         print(f"# wrote {ns.plot}")
-    failed = [c["name"] for c in doc["configs"] if c["status"] in ("failed", "timeout")]
+    failed = [r for r in doc["runs"] if r["status"] in ("failed", "timeout")]
     return 1 if failed else 0

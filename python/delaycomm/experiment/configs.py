@@ -29,6 +29,9 @@ class ExperimentConfig:
         parallel: how the model is distributed: ``"ddp"`` (DistributedDataParallel; the stale configs register
             ``delaycomm.ddp_hook``) or ``"fsdp2"`` (``fully_shard`` on every Linear layer and the root: gradients
             are reduce-scattered, keyed by FSDP2's reduction scope).
+        delay: a delay spec of this config's own, in place of the experiment's ``--delay`` (the claims' delay
+            families); None: the experiment's.
+        warmup_steps: an EpochWarmup of this config's own (the claims' warmup); None: the experiment's ``--warmup``.
     """
 
     name: str
@@ -37,6 +40,8 @@ class ExperimentConfig:
     uses_delay: bool
     description: str
     parallel: str = "ddp"
+    delay: str | None = None
+    warmup_steps: int | None = None
 
 
 CONFIGS: tuple[ExperimentConfig, ...] = (
@@ -109,29 +114,55 @@ def select_configs(names: Sequence[str] | None) -> list[ExperimentConfig]:
     return out
 
 
-def resolved_options(config: ExperimentConfig, delay: str, seed: int, step_ms: float | None = None) -> dict[str, Any]:
+def resolved_options(
+    config: ExperimentConfig,
+    delay: str,
+    seed: int | None,
+    step_ms: float | None = None,
+    fraction: float | None = None,
+    ema_alpha: float | None = None,
+) -> dict[str, Any]:
     """The DelayConfig keywords a config runs with (empty for the raw gloo reference).
 
-    ``step_ms`` None leaves the backend to calibrate it (``step_ms="auto"``).
+    Args:
+        config: the row.
+        delay: the experiment's delay spec (``--delay``), for a config that uses a delay and has none of its own.
+        seed: the delay schedule's seed (None: left out, for a caller that sets it per run).
+        step_ms: None leaves the backend to calibrate it (``step_ms="auto"``).
+        fraction: ``delay_fraction`` of the configs that use a delay (None: the backend's default, 0.3).
+        ema_alpha: ``ema_alpha`` of the stale configs (None: the backend's default, 0.1).
+
+    The config's own options win over the experiment-wide knobs (a claims config that sets ``ema_alpha`` keeps it).
     """
     if config.backend != "delaycomm":
         return {}
-    opts = dict(config.options)
-    opts["seed"] = seed
+    opts: dict[str, Any] = {}
+    if seed is not None:
+        opts["seed"] = seed
     if step_ms is not None:
         opts["step_ms"] = step_ms
     if config.uses_delay:
-        opts["delay"] = delay
+        opts["delay"] = config.delay or delay
+        if fraction is not None:
+            opts["delay_fraction"] = fraction
+    if ema_alpha is not None and str(config.options.get("staleness", "bsp")) not in ("bsp", "ssp:0"):
+        opts["ema_alpha"] = ema_alpha
+    opts.update(config.options)
     return opts
 
 
-def effect_problems(config: ExperimentConfig, options: Mapping[str, Any], stats: Sequence[Mapping]) -> list[str]:
+def effect_problems(backend: str, options: Mapping[str, Any], stats: Sequence[Mapping]) -> list[str]:
     """Checks that what a config asked for shows in the telemetry of its ranks (``delaycomm.stats`` per rank).
 
     An option that a build accepts but does not act on would otherwise produce a row indistinguishable from
     plain BSP. Returns one sentence per option that left no trace (empty when all did).
+
+    Args:
+        backend: the config's backend (``gloo``: nothing to check).
+        options: the DelayConfig keywords the config ran with (option names; values as given).
+        stats: each rank's ``delaycomm.stats()``.
     """
-    if config.backend != "delaycomm":
+    if backend != "delaycomm":
         return []
     problems = []
     staleness = str(options.get("staleness", "bsp"))

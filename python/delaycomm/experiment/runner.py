@@ -18,6 +18,7 @@ import numpy as np
 
 from delaycomm._tools.launch import run_ranks
 from delaycomm.experiment.configs import ExperimentConfig, resolved_options
+from delaycomm.experiment.tasks import TASKS, load_digits_split
 
 __all__ = ["Hyper", "load_digits_split", "Runner"]
 
@@ -38,7 +39,7 @@ _PRELOAD = (
 
 @dataclasses.dataclass(frozen=True)
 class Hyper:
-    """Everything that is identical across configs."""
+    """Everything that is identical across configs (the seed: across the configs of one seed)."""
 
     model: str
     epochs: int
@@ -52,21 +53,17 @@ class Hyper:
     timeout_s: float
     step_ms: float | None = None
     test_fraction: float = 0.2
+    task: str = "digits"
+    fraction: float | None = None
+    ema_alpha: float | None = None
+    warmup_steps: int = 0
+    measure: bool = False
+    measure_every: int = 1
+    oscillation_steps: int = 200
 
-
-def load_digits_split(seed: int, test_fraction: float) -> dict[str, np.ndarray]:
-    """scikit-learn's digits (1797 8x8 images, 10 classes; ships with the package), split stratified by ``seed``.
-
-    Pixels are scaled from [0, 16] to [0, 1].
-    """
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    x, y = load_digits(return_X_y=True)
-    x = (x / 16.0).astype(np.float32)
-    y = y.astype(np.int64)
-    x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=test_fraction, random_state=seed, stratify=y)
-    return {"x_train": x_train, "y_train": y_train, "x_test": x_test, "y_test": y_test, "n_classes": np.int64(10)}
+    @property
+    def hidden(self) -> int:
+        return TASKS[self.task].hidden
 
 
 class Runner:
@@ -91,7 +88,7 @@ class Runner:
         from delaycomm.experiment.worker import run_rank
 
         self._runs += 1
-        options = resolved_options(config, hp.delay, hp.seed, hp.step_ms)
+        options = resolved_options(config, hp.delay, hp.seed, hp.step_ms, hp.fraction, hp.ema_alpha)
         job = {
             "backend": config.backend,
             "options": options,
@@ -105,6 +102,10 @@ class Runner:
             "timeout_s": hp.timeout_s,
             "progress_every": 5,
             "parallel": config.parallel,
+            "hidden": hp.hidden,
+            "warmup_steps": hp.warmup_steps if config.warmup_steps is None else config.warmup_steps,
+            "measure": hp.measure,
+            "measure_every": hp.measure_every,
         }
         prefix = f"delaycomm-experiment/{self._runs}-{config.name}/"
         started = time.monotonic()

@@ -22,20 +22,16 @@ import numpy as np
 from delaycomm._tools.table import Column
 from delaycomm._tools.table import format_table as format_table_rows
 from delaycomm.experiment.configs import ExperimentConfig, effect_problems
+from delaycomm.experiment.probe import summarize_probe
 
-__all__ = ["summarize", "format_table", "plot", "COLUMNS"]
-
-
-def _ops(rank: dict) -> dict:
-    return (rank.get("stats") or {}).get("ops", {})
+__all__ = ["summarize", "telemetry", "format_table", "columns_for", "plot", "COLUMNS"]
 
 
-def _staleness(ranks: Sequence[dict]) -> dict[str, Any] | None:
+def _staleness(blocks: Sequence[dict | None]) -> dict[str, Any] | None:
     """The group's staleness counts. Every rank derives who is fresh and who is late from the shared schedule, so
     the counts are the group's and equal on every rank: they are taken from rank 0. Blocked time is per rank: the
     largest is kept."""
-    blocks = [(r.get("stats") or {}).get("staleness") for r in ranks]
-    if not blocks[0] or not blocks[0].get("steps"):
+    if not blocks or not blocks[0] or not blocks[0].get("steps"):
         return None
     b = blocks[0]
     return {
@@ -50,8 +46,52 @@ def _staleness(ranks: Sequence[dict]) -> dict[str, Any] | None:
     }
 
 
-def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
-    """One config's record: what it was, its status and, when it ran, its metrics and curves."""
+def telemetry(stats: Sequence[dict]) -> dict[str, Any]:
+    """What delaycomm measured in a run, from each rank's ``delaycomm.stats()`` (or stats file), by rank: the
+    all-reduce's calls and latency, delayed and slowed calls, and the staleness counts (module docstring)."""
+    ops = [s.get("ops", {}) for s in stats]
+    ar = [o.get("allreduce") for o in ops]
+    ar = [a for a in ar if a]
+    slow = [s.get("slowdown") or {} for s in stats]
+    return {
+        "allreduce_calls": sum(a["calls"] for a in ar),
+        "allreduce_p50_ms": max(a["latency"]["p50_us"] for a in ar) * 1e-3 if ar else None,
+        "allreduce_p99_ms": max(a["latency"]["p99_us"] for a in ar) * 1e-3 if ar else None,
+        "delayed_calls": sum(op.get("delayed_calls", 0) for o in ops for op in o.values()),
+        "slowed_calls": sum(b.get("calls", 0) for b in slow),
+        # total time the slowdown made the callers wait: mean x count per rank, the largest over ranks
+        "slowdown_wait_s": max(
+            (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")), default=0.0
+        ),
+        "staleness": _staleness([s.get("staleness") for s in stats]),
+        "update": _update([(s.get("staleness") or {}).get("update") for s in stats]),
+    }
+
+
+def _update(blocks: Sequence[dict | None]) -> dict[str, Any] | None:
+    """The engine's opt-in update statistics (update_stats=1), summed over ranks: each rank's contribution against
+    its BSP one (docs/telemetry.md, "Update statistics"); None when off."""
+    on = [b for b in blocks if b and b.get("enabled")]
+    if not on:
+        return None
+    fresh = sum(b["fresh_sq"] for b in on)
+    steps = sum(b["steps"] for b in on)
+    scales = [b["scale"] for b in on if b.get("scale") is not None]
+    return {
+        "steps": steps,
+        "deviation": sum(b["deviation_sq"] for b in on) / fresh if fresh > 0 else None,
+        "scale": sum(scales) / len(scales) if scales else None,
+    }
+
+
+def summarize(
+    config: ExperimentConfig, run: dict[str, Any], lr: float = 0.0, oscillation_steps: int = 200
+) -> dict[str, Any]:
+    """One config's record: what it was, its status and, when it ran, its metrics and curves.
+
+    ``lr`` and ``oscillation_steps`` are for the update probe's metrics, when the ranks ran it
+    (:func:`delaycomm.experiment.probe.summarize_probe`).
+    """
     out: dict[str, Any] = {
         "name": config.name,
         "backend": config.backend,
@@ -64,7 +104,7 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
     ranks = run["ranks"]
     if run["status"] != "ok":
         return out
-    problems = effect_problems(config, run["options"], [r.get("stats") or {} for r in ranks])
+    problems = effect_problems(config.backend, run["options"], [r.get("stats") or {} for r in ranks])
     if problems:
         out["status"] = "unavailable"
         out["message"] = "not in effect in this build: " + "; ".join(problems)
@@ -72,10 +112,11 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
     n = min(len(r["losses"]) for r in ranks)
     step_s = np.max([r["step_s"][:n] for r in ranks], axis=0)
     wall_s = max(r["wall_s"] for r in ranks)
+    score = "test_r2" if r0.get("task_kind") == "regression" else "test_accuracy"
     metrics: dict[str, Any] = {
-        "test_accuracy": r0["test_accuracy"],
+        score: r0[score],
         "test_loss": r0["test_loss"],
-        "train_accuracy": r0["train_accuracy"],
+        score.replace("test_", "train_"): r0[score.replace("test_", "train_")],
         "initial_train_loss": r0["initial_train_loss"],
         "final_train_loss": r0["final_train_loss"],
         "loss_fell": r0["final_train_loss"] < r0["initial_train_loss"],
@@ -84,32 +125,27 @@ def summarize(config: ExperimentConfig, run: dict[str, Any]) -> dict[str, Any]:
         "epochs": len(r0["epochs"]),
         "stopped_by_budget": r0["stopped_by_budget"],
         "wall_s": wall_s,
+        "cpu_s": sum(r.get("cpu_s", 0.0) for r in ranks),
         "steps_per_s": n / wall_s if wall_s > 0 else 0.0,
         "step_p50_ms": float(np.percentile(step_s, 50)) * 1e3 if n else None,
         "step_p99_ms": float(np.percentile(step_s, 99)) * 1e3 if n else None,
     }
     if config.backend == "delaycomm":
-        ar = [_ops(r).get("allreduce") for r in ranks]
-        ar = [a for a in ar if a]
-        metrics["allreduce_calls"] = sum(a["calls"] for a in ar)
-        metrics["allreduce_p50_ms"] = max(a["latency"]["p50_us"] for a in ar) * 1e-3 if ar else None
-        metrics["allreduce_p99_ms"] = max(a["latency"]["p99_us"] for a in ar) * 1e-3 if ar else None
-        metrics["delayed_calls"] = sum(op.get("delayed_calls", 0) for r in ranks for op in _ops(r).values())
-        slow = [(r.get("stats") or {}).get("slowdown") or {} for r in ranks]
-        metrics["slowed_calls"] = sum(b.get("calls", 0) for b in slow)
-        # total time the slowdown made the callers wait: mean x count per rank, the largest over ranks
-        metrics["slowdown_wait_s"] = max(
-            (b["blocked"]["mean_ms"] * b["blocked"]["count"] * 1e-3 for b in slow if b.get("blocked")), default=0.0
-        )
-        metrics["staleness"] = _staleness(ranks)
+        metrics.update(telemetry([r.get("stats") or {} for r in ranks]))
+    if r0.get("probe") is not None:
+        metrics.update(summarize_probe(r0["probe"], lr, oscillation_steps, r0["steps_per_epoch"]))
     out["metrics"] = metrics
     out["curves"] = {
         "step": list(range(1, n + 1)),
         "t_s": np.max([r["end_s"][:n] for r in ranks], axis=0).tolist(),
         "loss": np.mean([r["losses"][:n] for r in ranks], axis=0).tolist(),
     }
+    if r0.get("probe") is not None:
+        out["curves"]["full_loss"] = r0["probe"]["full_loss"][:n]
     out["epochs"] = r0["epochs"]
-    out["ranks"] = [{k: v for k, v in r.items() if k not in ("losses", "step_s", "end_s", "epochs")} for r in ranks]
+    out["ranks"] = [
+        {k: v for k, v in r.items() if k not in ("losses", "step_s", "end_s", "epochs", "probe")} for r in ranks
+    ]
     return out
 
 
@@ -153,10 +189,17 @@ COLUMNS: tuple[Column, ...] = (
 )
 
 
+def columns_for(records: Sequence[dict]) -> tuple[Column, ...]:
+    """The table's columns: a regression task shows its test R² where a classification task shows its accuracy."""
+    if any("test_r2" in rec.get("metrics", {}) for rec in records):
+        return (COLUMNS[0], COLUMNS[1], Column("test R2", "", _ok(_m("test_r2")), "{:.3f}", 8), *COLUMNS[3:])
+    return COLUMNS
+
+
 def format_table(records: Sequence[dict], header_lines: Sequence[str] = ()) -> str:
     """The records as a fixed-column table: ``#`` header lines, column names, units, one row per config, then
     one ``#`` line per config that did not run (with why)."""
-    lines = [format_table_rows(COLUMNS, records, header_lines)]
+    lines = [format_table_rows(columns_for(records), records, header_lines)]
     lines.extend(f"# {rec['name']}: {rec['message']}" for rec in records if rec["message"])
     return "\n".join(lines)
 
@@ -177,12 +220,13 @@ def plot(records: Sequence[dict], path: str, title: str) -> None:
         axes[0].plot(c["step"], loss, label=rec["name"], lw=1.2)
         axes[1].plot(c["t_s"], loss, label=rec["name"], lw=1.2)
         ep = rec["epochs"]
-        axes[2].plot(
-            [e["t_s"] for e in ep], [100.0 * e["test_accuracy"] for e in ep], marker=".", label=rec["name"], lw=1.2
-        )
+        score = "test_r2" if "test_r2" in ep[0] else "test_accuracy"
+        scale = 1.0 if score == "test_r2" else 100.0
+        axes[2].plot([e["t_s"] for e in ep], [scale * e[score] for e in ep], marker=".", label=rec["name"], lw=1.2)
+        axes[2].set(ylabel="test R2" if score == "test_r2" else "test accuracy (%)")
     axes[0].set(xlabel="step", ylabel="training loss (mean over ranks, smoothed)", yscale="log")
     axes[1].set(xlabel="wall clock (s)", ylabel="training loss", yscale="log")
-    axes[2].set(xlabel="wall clock (s)", ylabel="test accuracy (%)")
+    axes[2].set(xlabel="wall clock (s)")
     for ax in axes:
         ax.grid(True, alpha=0.3)
     axes[2].legend(fontsize=8)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from delaycomm.experiment.configs import CONFIGS
-from delaycomm.experiment.report import COLUMNS, format_table, plot, summarize
+from delaycomm.experiment.summary import COLUMNS, format_table, plot, summarize
 
 BY_NAME = {c.name: c for c in CONFIGS}
 
