@@ -11,7 +11,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ddp, _nccl, _ops, _registry
+from delaycomm import _C, _ddp, _fsdp, _nccl, _ops, _owners, _registry
 from delaycomm._agree import agree
 from delaycomm._config import EffectiveConfig, format_value, invalid_value, resolve
 from delaycomm._stats import file as statsfile
@@ -76,7 +76,10 @@ def create_backend(dist_opts, pg_options):
     _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)))
     _fill_stale_options(native, cfg, store)
     if cfg.staleness != "bsp":
-        _ddp.install()  # DDP hooks run in their bucket's scope (docs/staleness.md, "Which reductions go stale")
+        # The owners of gradient reductions (docs/staleness.md, "Which reductions go stale").
+        _owners.install()
+        _ddp.install()
+        _fsdp.install()
     backend = _C.DelayBackend(rank, size, gloo, nccl, native)
     backend._set_warning_hook(lambda msg: warnings.warn(msg, RuntimeWarning, stacklevel=2))
 
