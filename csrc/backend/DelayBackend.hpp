@@ -166,6 +166,9 @@ class DelayBackend : public c10d::Backend {
   // delivers this rank's shard) (collective: every rank calls it at the same point; docs/staleness.md, "flush").
   c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, std::optional<uint64_t> key, bool average);
   std::vector<StalenessEngine::FlushStream> flush();
+  // A SUM all-reduce that is part of flush (HSDP's and HYBRID_SHARD's all-reduce of a flushed shard across the
+  // replicas, python/delaycomm/_fsdp.py): no staleness and no delay, like flush's own reductions. Waits for it.
+  void flushAllreduce(at::Tensor& tensor);
   // (this rank's pending stale contributions, the group's); zeros under bsp.
   std::pair<int64_t, int64_t> stalePending() const;
   // The stale:fresh ratio over the engine's recent window; 0 under bsp.

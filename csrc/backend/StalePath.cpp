@@ -151,4 +151,15 @@ std::vector<StalenessEngine::FlushStream> DelayBackend::flush() {
   return out;
 }
 
+void DelayBackend::flushAllreduce(at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  checkTensors(OpKind::kAllreduce, "tensor", tensors);
+  c10d::AllreduceOptions opts;
+  auto work = run(
+      OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
+      /*applyDelay=*/false);
+  work->wait(injector_->timeout());
+}
+
 }  // namespace delaycomm

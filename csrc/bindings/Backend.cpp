@@ -216,6 +216,9 @@ void bindBackend(py::module_& m) {
           },
           "Deliver every pending stale contribution (collective); returns [(key, delivered sum, consumer id, "
           "reduce-scatter, stream name)].")
+      .def("flush_allreduce", &DelayBackend::flushAllreduce, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>(),
+           "A SUM all-reduce that is part of flush (no staleness, no delay); waits for it.")
       .def("stale_pending", &DelayBackend::stalePending, "(this rank's pending stale contributions, the group's)")
       .def("stale_windowed_ratio", &DelayBackend::staleWindowedRatio)
       .def(

@@ -28,8 +28,20 @@ import torch
 import torch.distributed as dist
 
 from delaycomm import _C, _owners
+from delaycomm._registry import backend_of
 
 __all__ = ["install", "Fsdp2Consumer", "Fsdp1Consumer"]
+
+
+def _replicas_allreduce(flat: torch.Tensor, group) -> None:
+    """SUM-all-reduce a flushed shard across the replicas, as part of flush (no staleness, no delay) on a delaycomm
+    group; as a plain all-reduce on another."""
+    try:
+        backend = backend_of(group)
+    except ValueError:
+        dist.all_reduce(flat, group=group)
+        return
+    backend.flush_allreduce(flat)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -69,7 +81,9 @@ class Fsdp2Consumer(_owners.Consumer):
             return None
         if flat is None:
             flat = torch.zeros(sum(self.shard_numels), dtype=self.reduce_dtype, device=self.device)
-        dist.all_reduce(flat, group=self.ar_group, op=self.ar_op)
+        _replicas_allreduce(flat, self.ar_group)
+        if self.ar_op == dist.ReduceOp.AVG:
+            flat.div_(self.ar_group.size())
         return flat
 
     def grads(self, flat, scatter):
@@ -194,7 +208,7 @@ class Fsdp1Consumer(_owners.Consumer):
             return None
         if flat is None:
             flat = torch.zeros(self.shard_numel, dtype=self.reduce_dtype, device=self._flat().device)
-        dist.all_reduce(flat, group=self.inter_node_pg)
+        _replicas_allreduce(flat, self.inter_node_pg)
         return flat
 
     def grads(self, flat, scatter):
