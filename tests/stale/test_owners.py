@@ -83,7 +83,7 @@ def check_path(path: str, ranks: dict) -> None:
         summary = f"{path} rank {rank}: " + "; ".join(f"{op} {dict(c)}" for op, c in ops.items() if c["calls"])
         print(summary)
         # The delay is all there: each op delayed on about FRACTION of its calls, stale or fresh.
-        for op, c in ops.items():
+        for c in ops.values():
             n = c["calls"]
             if n >= 20:
                 bound = 4.5 * math.sqrt(n * FRACTION * (1 - FRACTION)) + 2
@@ -167,7 +167,7 @@ def test_non_reentrant_fsdp_checkpointing_and_compiled_autograd(tmp_path):
 def test_fsdp1_hybrid_shard_one_stage_stale_and_flush_finds_it(tmp_path):
     results, proc = run(["hybrid_fsdp1"], tmp_path, nproc=4, timeout=800)
     check_path("hybrid_fsdp1", results["hybrid_fsdp1"])
-    for rank, res in results["hybrid_fsdp1"].items():
+    for res in results["hybrid_fsdp1"].values():
         shard, replicas = (_ops({"stats": [st]}) for st in res["stats"][::-1])  # mesh dims: replicate, shard
         assert shard["_reduce_scatter_base"]["stale_calls"] > 0, dict(shard["_reduce_scatter_base"])
         assert replicas["allreduce"]["stale_calls"] == 0 and replicas["allreduce"]["kept_fresh_calls"] > 0, replicas

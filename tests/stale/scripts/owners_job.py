@@ -83,13 +83,13 @@ def batches(rank: int, steps: int, micro: int = 1):
         yield x, torch.tanh(x @ teacher)
 
 
-def local_grads(ref: torch.nn.Module, full: list[torch.Tensor], loss_fn) -> list[torch.Tensor]:
-    """This rank's own gradient of ``loss_fn(ref)`` at the parameters ``full``."""
+def local_grads(ref: torch.nn.Module, full: list[torch.Tensor], loss_fn, *args) -> list[torch.Tensor]:
+    """This rank's own gradient of ``loss_fn(ref, *args)`` at the parameters ``full``."""
     with torch.no_grad():
         for q, v in zip(ref.parameters(), full):
             q.copy_(v)
     ref.zero_grad(set_to_none=True)
-    loss_fn(ref).backward()
+    loss_fn(ref, *args).backward()
     return [q.grad.detach().clone() if q.grad is not None else torch.zeros_like(q) for q in ref.parameters()]
 
 
@@ -202,9 +202,7 @@ def train_net(path: str, rank: int, steps: int) -> dict:
             return loss
 
     for x, y in batches(rank, steps, micro):
-        for g, c in zip(
-            local_grads(ref, full(), lambda m: sum(_micro_loss(m, x, y, micro, i) for i in range(micro))), contributed
-        ):
+        for g, c in zip(local_grads(ref, full(), _step_loss, x, y, micro), contributed):
             c += g
         for opt in opts:
             opt.zero_grad(set_to_none=True)
@@ -228,6 +226,14 @@ def train_net(path: str, rank: int, steps: int) -> dict:
 
         out["compiled_autograd_captures"] = int(dynamo_counters["compiled_autograd"]["captures"])
     return out
+
+
+def _step_loss(m, x, y, micro: int):
+    return sum(_micro_loss(m, x, y, micro, i) for i in range(micro))
+
+
+def _mse(m, x, y):
+    return F.mse_loss(m(x), y)
 
 
 def _micro_loss(m, x, y, micro: int, i: int):
@@ -256,8 +262,8 @@ def train_two(path: str, rank: int, steps: int) -> dict:
     opt = torch.optim.SGD([p for m in models for p in m.parameters()], lr=LR)
     contributed = [torch.zeros_like(p) for p in start]
     for x, y in batches(rank, steps):
-        ga = local_grads(ref_a, fulls[0](), lambda m: F.mse_loss(m(x), y))
-        gb = local_grads(ref_b, fulls[1](), lambda m: F.mse_loss(m(x), y))
+        ga = local_grads(ref_a, fulls[0](), _mse, x, y)
+        gb = local_grads(ref_b, fulls[1](), _mse, x, y)
         for g, c in zip(ga + gb, contributed):
             c += g
         opt.zero_grad(set_to_none=True)
@@ -268,6 +274,17 @@ def train_two(path: str, rank: int, steps: int) -> dict:
     out.update(consumed=[(s - e) / LR for s, e in zip(start, final)], contributed=contributed)
     out["stats"] = [delaycomm.stats(group)]
     return out
+
+
+def _d_loss(d, real, fake):
+    bce = F.binary_cross_entropy_with_logits
+    out_real, out_fake = d(real), d(fake)
+    return bce(out_real, torch.ones_like(out_real)) + bce(out_fake, torch.zeros_like(out_fake))
+
+
+def _g_loss(g, d, noise):
+    out = d(g(noise))
+    return F.binary_cross_entropy_with_logits(out, torch.ones_like(out))
 
 
 def train_gan(rank: int, steps: int) -> dict:
@@ -295,7 +312,7 @@ def train_gan(rank: int, steps: int) -> dict:
             for q, v in zip(g_ref.parameters(), fulls[0]()):
                 q.copy_(v)
         fake_ref = g_ref(noise).detach()
-        gd = local_grads(d_ref, fulls[1](), lambda m: bce(m(real), ones) + bce(m(fake_ref), zeros))
+        gd = local_grads(d_ref, fulls[1](), _d_loss, real, fake_ref)
         for c, g in zip(contributed[n_g:], gd):
             c += g
 
@@ -308,7 +325,7 @@ def train_gan(rank: int, steps: int) -> dict:
         with torch.no_grad():
             for q, v in zip(d_ref.parameters(), fulls[1]()):
                 q.copy_(v)
-        gg = local_grads(g_ref, fulls[0](), lambda m: bce(d_ref(m(noise)), ones))
+        gg = local_grads(g_ref, fulls[0](), _g_loss, d_ref, noise)
         for c, g in zip(contributed[:n_g], gg):
             c += g
         opt_g.zero_grad(set_to_none=True)
