@@ -59,6 +59,7 @@ class _State:
         self.layout: list[tuple[list[torch.Tensor], int, torch.dtype, BucketConsumer]] | None = None
         self.rebuilt = False
         self.builtin_hook = None
+        self.comm_hook = False  # a Python communication hook is registered
         self.hook_consumers: dict[tuple, BucketConsumer] = {}
         self.unrecognised = False  # join() without its shadow's hook points: the module's buckets stay fresh
         weakref.finalize(ddp, _C._stale_ddp_forget, self.id)
@@ -79,19 +80,38 @@ def _param_names(ddp, params) -> str:
     return _owners.runs([index.get(id(p), -1) for p in params])
 
 
+def _buckets(ddp) -> tuple[bool, list] | None:
+    """Whether DDP has rebuilt its buckets (it does after the first step), and the reducer's buckets in its index
+    order; None (warned once) where this torch's DDP lacks the private state delaycomm reads: its buckets are then
+    not recognised (kept fresh)."""
+    try:
+        rebuilt = bool(ddp._has_rebuilt_buckets)
+        buckets = ddp.reducer._get_zeros_like_grad_buckets()
+    except AttributeError as e:
+        _owners.warn_unrecognised("DDP's buckets (its reducer's bucket layout)", e)
+        return None
+    return rebuilt, [(list(b.parameters()), b.buffer(), int(b.index())) for b in buckets]
+
+
 def _refresh(ddp, st: _State) -> None:
     """Register the module's current bucket layout (its reducer's index order)."""
+    found = _buckets(ddp)
+    if found is None:
+        st.unrecognised = True
+        st.layout = []
+        return
+    st.rebuilt, buckets = found
     layout = []
-    for b in ddp.reducer._get_zeros_like_grad_buckets():
-        params, buf = list(b.parameters()), b.buffer()
-        name = f"DDP #{st.id} bucket #{b.index()} (params {_param_names(ddp, params)})"
+    for params, buf, index in buckets:
+        name = f"DDP #{st.id} bucket #{index} (params {_param_names(ddp, params)})"
         layout.append((params, buf.numel(), buf.dtype, BucketConsumer(params, name)))
     st.layout = layout
-    st.rebuilt = bool(getattr(ddp, "_has_rebuilt_buckets", False))
     st.hook_consumers.clear()
+    # Without the comm-hook hook points delaycomm cannot tell whether a hook replaced the reducer's own reduction.
     own = (
         not st.unrecognised
-        and not getattr(ddp, "_comm_hooks", None)
+        and all(_in_place.get(name, False) for name in _COMM_HOOK_POINTS)
+        and not st.comm_hook
         and st.builtin_hook in (None, dist.BuiltinCommHookType.ALLREDUCE)
     )
     _C._stale_ddp_layout(
@@ -111,7 +131,8 @@ def _post_forward(original):
     def post_forward(self, *args, **kwargs):
         out = original(self, *args, **kwargs)
         st = _state(self)
-        if st.layout is None or (not st.rebuilt and getattr(self, "_has_rebuilt_buckets", False)):
+        rebuilt_now = not st.unrecognised and not st.rebuilt and getattr(self, "_has_rebuilt_buckets", False)
+        if st.layout is None or rebuilt_now:
             _refresh(self, st)
         _C._stale_ddp_round(st.id)
         return out
@@ -178,6 +199,7 @@ def _register_comm_hook(original):
     def register_comm_hook(self, state, hook):
         out = original(self, state, _scoped(hook, self))
         st = _state(self)
+        st.comm_hook = True
         if st.layout is not None:
             _refresh(self, st)  # the reducer's own reductions are the hook's from now on
         return out
@@ -230,17 +252,34 @@ def _join(original):
     return join
 
 
+# DDP's hook points (DistributedDataParallel's attributes): name, wrapper, what they let delaycomm recognise.
+# NOTE: tests/stale/test_hook_points.py renames entries here to stand for a torch release that renamed them.
+HOOK_POINTS = [
+    ("_post_forward", _post_forward, "DDP's buckets (its reducer's default hook)"),
+    ("register_comm_hook", _register_comm_hook, "the buckets of DDP communication hooks (and so DDP's own buckets)"),
+    (
+        "_register_builtin_comm_hook",
+        _register_builtin_comm_hook,
+        "DDP's builtin communication hooks (and so DDP's own buckets)",
+    ),
+]
+_COMM_HOOK_POINTS = ("register_comm_hook", "_register_builtin_comm_hook")
+_SHADOW = "a joined rank's buckets under DDP's join() (a DDP module that joins keeps its buckets fresh)"
+SHADOW_POINTS = [
+    ("_match_all_reduce_for_bwd_pass", _shadowing(True), _SHADOW),
+    ("_match_unused_params_allreduce", _shadowing(False), _SHADOW),
+]
+# Which hook points are in place (install()).
+_in_place: dict[str, bool] = {}
+
+
 def install() -> None:
-    """Wrap DDP's hook points (once); a missing one warns once and leaves its reductions fresh."""
+    """Wrap DDP's hook points (once); a missing one warns once and leaves what it recognises fresh."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    _owners.patch(DDP, "_post_forward", _post_forward, "DDP's buckets (its reducer's default hook)")
-    _owners.patch(DDP, "register_comm_hook", _register_comm_hook, "the buckets of DDP communication hooks")
-    _owners.patch(DDP, "_register_builtin_comm_hook", _register_builtin_comm_hook, "DDP's builtin communication hooks")
     global _shadow_in_place
-    what = "a joined rank's buckets under DDP's join() (a DDP module that joins keeps its buckets fresh)"
-    _shadow_in_place = _owners.patch(DDP, "_match_all_reduce_for_bwd_pass", _shadowing(True), what)
-    _shadow_in_place = (
-        _owners.patch(DDP, "_match_unused_params_allreduce", _shadowing(False), what) and _shadow_in_place
-    )
+    for name, make, what in HOOK_POINTS:
+        _in_place[name] = _owners.patch(DDP, name, make, what)
+    shadow = [_owners.patch(DDP, name, make, what) for name, make, what in SHADOW_POINTS]
+    _shadow_in_place = all(shadow)
     _owners.patch(DDP, "join", _join, "DDP's join()")

@@ -20,6 +20,7 @@ was stale), the post-divide factor, the cast to the parameter's dtype, and the s
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import math
 import weakref
@@ -159,10 +160,14 @@ def _foreach_reduce(original):
     where = {name: params.index(name) for name in _FOREACH_REDUCE_ARGS}
 
     def foreach_reduce(*args, **kwargs):
-        named = {n: kwargs[n] if n in kwargs else args[i] for n, i in where.items()}
-        if not named["fsdp_params"]:
+        try:
+            named = {n: kwargs[n] if n in kwargs else args[i] for n, i in where.items()}
+            c = _fsdp2_consumer(named) if named["fsdp_params"] else None
+        except (AttributeError, IndexError, KeyError, TypeError) as e:  # torch's private state changed
+            _owners.warn_unrecognised("FSDP2's parameter groups", e)
+            c = None
+        if c is None:
             return original(*args, **kwargs)
-        c = _fsdp2_consumer(named)
         _C._stale_scope_enter("fsdp", c.name, -1, c.id)
         try:
             return original(*args, **kwargs)
@@ -243,9 +248,14 @@ def _fsdp1_consumer(state, handle, sharded: bool) -> Fsdp1Consumer:
 def _reduce_grad(sharded: bool):
     def make(original):
         def reduce_grad(state, handle, *args, **kwargs):
-            if getattr(state, "_comm_hook", None) is not None:
-                return original(state, handle, *args, **kwargs)  # a comm hook's reductions are not recognised
-            c = _fsdp1_consumer(state, handle, sharded)
+            try:
+                # A comm hook's reductions are not recognised.
+                c = _fsdp1_consumer(state, handle, sharded) if state._comm_hook is None else None
+            except (AttributeError, TypeError) as e:  # torch's private state changed
+                _owners.warn_unrecognised("FSDP1's flat parameters", e)
+                c = None
+            if c is None:
+                return original(state, handle, *args, **kwargs)
             _C._stale_scope_enter("fsdp", c.name, -1, c.id)
             try:
                 return original(state, handle, *args, **kwargs)
@@ -257,24 +267,46 @@ def _reduce_grad(sharded: bool):
     return make
 
 
+# FSDP's hook points: module, function, wrapper, what they let delaycomm recognise.
+# NOTE: tests/stale/test_hook_points.py renames entries here to stand for a torch release that renamed them.
+HOOK_POINTS = [
+    (
+        "torch.distributed.fsdp._fully_shard._fsdp_param_group",
+        "foreach_reduce",
+        _foreach_reduce,
+        "FSDP2's parameter groups",
+    ),
+    ("torch.distributed.fsdp._runtime_utils", "_reduce_grad", _reduce_grad(True), "FSDP1's sharded flat parameters"),
+    (
+        "torch.distributed.fsdp._runtime_utils",
+        "_reduce_grad_no_shard",
+        _reduce_grad(False),
+        "FSDP1's NO_SHARD flat parameters",
+    ),
+]
+
+
+def _foreach_reduce_usable(module) -> bool:
+    """Whether FSDP2's foreach_reduce takes the arguments its consumer reads (warned once when not)."""
+    original = getattr(module, "foreach_reduce", None)
+    if original is None or getattr(original, "__delaycomm_scoped__", False):
+        return True  # patch() warns when it is missing
+    missing = [n for n in _FOREACH_REDUCE_ARGS if n not in inspect.signature(original).parameters]
+    if missing:
+        _owners.warn_missing(
+            f"{module.__name__}.foreach_reduce's argument {', '.join(missing)}", "FSDP2's parameter groups"
+        )
+    return not missing
+
+
 def install() -> None:
     """Wrap FSDP1's and FSDP2's gradient reductions (once); a missing hook point warns once and leaves its
     reductions fresh."""
-    from torch.distributed.fsdp import _runtime_utils
-    from torch.distributed.fsdp._fully_shard import _fsdp_param_group
-
-    original = getattr(_fsdp_param_group, "foreach_reduce", None)
-    if original is not None and not getattr(original, "__delaycomm_scoped__", False):
-        missing = [n for n in _FOREACH_REDUCE_ARGS if n not in inspect.signature(original).parameters]
-        if missing:
-            _owners.warn_once(
-                "foreach_reduce",
-                f"delaycomm: FSDP2's foreach_reduce in this torch ({torch.__version__}) has no argument "
-                f"{', '.join(missing)}: FSDP2's parameter groups cannot be recognised, so their reductions are kept "
-                'fresh (delayed as under bsp, never stale). See docs/staleness.md, "Which reductions go stale"',
-            )
-            original = None
-    if original is not None or not hasattr(_fsdp_param_group, "foreach_reduce"):
-        _owners.patch(_fsdp_param_group, "foreach_reduce", _foreach_reduce, "FSDP2's parameter groups")
-    _owners.patch(_runtime_utils, "_reduce_grad", _reduce_grad(True), "FSDP1's sharded flat parameters")
-    _owners.patch(_runtime_utils, "_reduce_grad_no_shard", _reduce_grad(False), "FSDP1's NO_SHARD flat parameters")
+    for module_name, name, make, what in HOOK_POINTS:
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            _owners.warn_missing(module_name, what)
+            continue
+        if name != "foreach_reduce" or _foreach_reduce_usable(module):
+            _owners.patch(module, name, make, what)

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import threading
+import types
 import warnings
 import weakref
 from collections.abc import Callable
@@ -32,7 +33,18 @@ import torch
 
 from delaycomm import _C
 
-__all__ = ["Consumer", "consumer_of", "consumers", "ordinal", "patch", "install", "runs", "reduction_scope"]
+__all__ = [
+    "Consumer",
+    "consumer_of",
+    "consumers",
+    "ordinal",
+    "patch",
+    "warn_missing",
+    "warn_unrecognised",
+    "install",
+    "runs",
+    "reduction_scope",
+]
 
 _lock = threading.Lock()
 # consumer id -> Consumer, in registration order (program order: the same on every rank).
@@ -133,6 +145,37 @@ def warn_once(key: str, message: str) -> None:
     warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
+_WHERE = 'See docs/staleness.md, "Which reductions go stale"'
+
+
+def warn_missing(where: str, what: str) -> None:
+    """Warn once that the torch hook point ``where`` is not in this torch: ``what`` cannot be recognised, and its
+    reductions are kept fresh with their delay (the safe side)."""
+    warn_once(
+        where,
+        f"delaycomm: {where} is not in this torch ({torch.__version__}): {what} cannot be recognised, so those "
+        f"reductions are kept fresh (delayed as under bsp, never stale). {_WHERE}",
+    )
+
+
+def warn_unrecognised(what: str, error: Exception) -> None:
+    """Warn once that ``what`` could not be read from torch's private state (``error``: a torch release changed
+    it); its reductions are kept fresh with their delay (the safe side)."""
+    warn_once(
+        f"unrecognised {what}",
+        f"delaycomm: {what} cannot be recognised in this torch ({torch.__version__}): "
+        f"{type(error).__name__}: {error}; so those reductions are kept fresh (delayed as under bsp, never stale). "
+        f"{_WHERE}",
+    )
+
+
+def _qualname(owner: Any) -> str:
+    """``torch.nn.parallel.distributed.DistributedDataParallel`` for a class, the module's name for a module."""
+    if isinstance(owner, types.ModuleType):
+        return owner.__name__
+    return f"{owner.__module__}.{owner.__qualname__}"
+
+
 def patch(owner: Any, name: str, make: Callable[[Callable], Callable], what: str) -> bool:
     """Replace ``owner.name`` by ``make(original)`` once; warn once and leave it alone when torch has no such name.
 
@@ -141,13 +184,7 @@ def patch(owner: Any, name: str, make: Callable[[Callable], Callable], what: str
     """
     original = getattr(owner, name, None)
     if original is None:
-        where = f"{getattr(owner, '__module__', '?')}.{getattr(owner, '__qualname__', owner.__name__)}.{name}"
-        warn_once(
-            where,
-            f"delaycomm: {where} is not in this torch ({torch.__version__}): {what} cannot be recognised, so those "
-            'reductions are kept fresh (delayed as under bsp, never stale). See docs/staleness.md, "Which '
-            'reductions go stale"',
-        )
+        warn_missing(f"{_qualname(owner)}.{name}", what)
         return False
     if getattr(original, "__delaycomm_scoped__", False):
         return True
