@@ -5,11 +5,11 @@ Each reduction of FSDP's gradients runs in an owner scope (``stale/Owners.hpp``)
 - FSDP2 (``fully_shard``) reduces one parameter group's gradients in ``foreach_reduce`` (called by
   ``FSDPParamGroup.post_backward``): a reduce-scatter on the shard group, then under HSDP an all-reduce of the shard
   across the replicas. The stream is named by its FSDPParams' ordinals in program order and the first one's name
-  (``FSDP2 params 2-3 ('1.weight')``): two models never share one, whatever their module names; a group that reduces
+  (``FSDP2 params 2-3 (1.weight +1)``): two models never share one, whatever their module names; a group that reduces
   another set of gradients (a parameter without a gradient in some step) is another stream.
 - FSDP1 (``FullyShardedDataParallel``) reduces one flat parameter's gradient in ``_reduce_grad`` (sharded
   strategies: a reduce-scatter, then under HYBRID_SHARD an all-reduce across the replicas) or ``_reduce_grad_no_shard``
-  (NO_SHARD: an all-reduce). The stream is the flat parameter's (``FSDP1 flat parameter #0 ('0.weight', ...)``). A
+  (NO_SHARD: an all-reduce). The stream is the flat parameter's (``FSDP1 flat parameter #0 (0.weight +1)``). A
   flat parameter with an FSDP communication hook is not recognised (kept fresh).
 
 One stage of a reduction goes stale, not both: under HSDP and HYBRID_SHARD the all-reduce across replicas after a

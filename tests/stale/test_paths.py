@@ -212,4 +212,4 @@ def test_hsdp_and_tp_fsdp2_four_ranks(tmp_path):
         tp = _ops(ssp["tp_fsdp2"][rank])
         assert tp["_reduce_scatter_base"]["stale_calls"] > 0, dict(tp["_reduce_scatter_base"])
         assert tp["allreduce"]["stale_calls"] == 0 and tp["allreduce"]["kept_fresh_calls"] > 0, dict(tp["allreduce"])
-    assert "it is HSDP's all-reduce across replicas" in proc.stderr, proc.stderr[-4000:]
+    assert "it is the all-reduce across replicas (HSDP, HYBRID_SHARD)" in proc.stderr, proc.stderr[-4000:]
