@@ -41,7 +41,6 @@ STALE = {
     "ckpt_reentrant_fsdp1",
     "ckpt_fsdp2",
     "ckpt_reentrant_fsdp2",
-    "fsdp1",
     "gan",  # G's buckets; D's are kept fresh (reduced three times per iteration)
     "two_ddp",
     "two_ddp_hook",
@@ -107,7 +106,6 @@ DEFAULT_PATHS = [
     "ckpt_ddp",
     "ckpt_reentrant_fsdp1",
     "ckpt_reentrant_fsdp2",
-    "fsdp1",
     "gan",
     "two_ddp",
     "two_ddp_hook",
@@ -142,14 +140,15 @@ def test_stale_contributions_land_on_their_own_parameters(tmp_path, launcher):
     assert "find_unused_parameters" not in proc.stderr, proc.stderr[-3000:]
 
 
-# NOTE: slow (scripts/test.sh --slow; docs/ci.md): non-reentrant checkpointing under FSDP1 and FSDP2 (the default run
-# has the reentrant forms and plain FSDP1, whose recognition is the same owner scope), and compiled autograd
+# NOTE: slow (scripts/test.sh --slow; docs/ci.md): non-reentrant checkpointing under FSDP1 and FSDP2 and plain FSDP1
+# FULL_SHARD (the default run has the reentrant forms, FSDP1 FULL_SHARD among them: the same owner scope, flushed
+# into the same flat shards), and compiled autograd
 # (compiling the step costs tens of CPU seconds; the rule it exercises, a reduction outside any parameter's gradient
 # accumulation is kept fresh, is the default run's static_graph first iteration in tests/stale/test_paths.py).
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_non_reentrant_fsdp_checkpointing_and_compiled_autograd(tmp_path):
-    paths = ["ckpt_fsdp1", "ckpt_fsdp2", "cautograd"]
+def test_non_reentrant_fsdp_checkpointing_plain_fsdp1_and_compiled_autograd(tmp_path):
+    paths = ["ckpt_fsdp1", "ckpt_fsdp2", "fsdp1", "cautograd"]
     results, proc = run(paths, tmp_path, timeout=800)
     for path in paths:
         check_path(path, results[path])
@@ -160,8 +159,8 @@ def test_non_reentrant_fsdp_checkpointing_and_compiled_autograd(tmp_path):
 
 
 # NOTE: slow (four ranks; docs/ci.md). The default run covers FSDP1's flat parameters going stale and flushing into
-# .grad (fsdp1 above) and HYBRID_SHARD's rule, the all-reduce across replicas after a stale reduce-scatter kept
-# fresh (tests/stale/test_reduce_scatter.py).
+# .grad (ckpt_reentrant_fsdp1 above) and HYBRID_SHARD's rule, the all-reduce across replicas after a stale
+# reduce-scatter kept fresh (tests/stale/test_reduce_scatter.py).
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_fsdp1_hybrid_shard_one_stage_stale_and_flush_finds_it(tmp_path):

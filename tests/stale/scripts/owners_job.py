@@ -108,8 +108,9 @@ class Full:
         if self.kind == "fsdp2":
             out = []
             for p in self.model.parameters():
-                parts = [None] * dist.get_world_size(self.side)
-                dist.all_gather_object(parts, p.to_local().detach(), group=self.side)  # a Gloo side group: no delay
+                local = p.to_local().detach().contiguous()  # dim-0 shards, even here (sizes divisible by 2)
+                parts = [torch.empty_like(local) for _ in range(dist.get_world_size(self.side))]
+                dist.all_gather(parts, local, group=self.side)  # a Gloo side group: no delay
                 out.append(torch.cat(parts, dim=0))
             return out
         module = self.model.module if isinstance(self.model, DDP) else self.model
