@@ -7,6 +7,7 @@ yourself and leave ddp_backend unset; the Trainer takes the group as it finds it
 --find-unused-parameters false passes TrainingArguments(ddp_find_unused_parameters=False): the recipe for
 staleness (docs/ecosystem.md, "Staleness under the Trainer"); by default the Trainer passes True for a model that is
 not a PreTrainedModel with activation checkpointing on, and delaycomm then keeps DDP's buckets fresh.
+--static-graph passes TrainingArguments(ddp_static_graph=True), the other recipe (find_unused_parameters may stay).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ def _add_args(parser) -> None:
         default="default",
         help="TrainingArguments(ddp_find_unused_parameters=...) (default: left unset, the Trainer's default)",
     )
+    parser.add_argument("--static-graph", action="store_true", help="TrainingArguments(ddp_static_graph=True)")
 
 
 def main() -> None:
@@ -48,6 +50,8 @@ def main() -> None:
     extra = {}
     if args.find_unused_parameters != "default":
         extra["ddp_find_unused_parameters"] = args.find_unused_parameters == "true"
+    if args.static_graph:
+        extra["ddp_static_graph"] = True
     if args.way == "ddp_backend":
         extra["ddp_backend"] = args.backend
     else:
