@@ -16,8 +16,9 @@
 # (each distinct one-time warning's reason). About 20 minutes on 2 cores.
 #
 # --trainer-staleness: instead, transformers' Trainer (examples/ecosystem/trainer_job.py) under ssp:2 with
-# stale_policy=apply, 60 steps, with TrainingArguments' default ddp_find_unused_parameters and with False (the recipe
-# in docs/ecosystem.md); prints rank 0's counters and why reductions were kept fresh. A few minutes.
+# stale_policy=apply, 60 steps, with TrainingArguments' default ddp_find_unused_parameters, with False, and with the
+# default and ddp_static_graph=True (the recipes in docs/ecosystem.md); prints rank 0's counters and why reductions
+# were kept fresh. A few minutes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -69,23 +70,28 @@ print(f"torch {torch.__version__}, transformers {transformers.__version__}, dela
     2>/dev/null | tail -1)
   echo "# $versions; $(nproc) cores"
   echo "# DELAYCOMM_DELAY=exp:p99=30ms DELAYCOMM_DELAY_FRACTION=0.3 DELAYCOMM_STALENESS=ssp:2 DELAYCOMM_STALE_POLICY=apply"
-  for unused in default false; do
-    dir=$out/trainer-$unused
+  for run in default false default:static; do
+    unused=${run%%:*} extra=() label="ddp_find_unused_parameters=$unused"
+    if [ "$run" != "$unused" ]; then
+      extra=(--static-graph) label="$label ddp_static_graph=True"
+    fi
+    dir=$out/trainer-${run/:/-}
     env -u DELAYCOMM_STATS OMP_NUM_THREADS=1 DELAYCOMM_DELAY=exp:p99=30ms DELAYCOMM_DELAY_FRACTION=0.3 \
       DELAYCOMM_STALENESS=ssp:2 DELAYCOMM_STALE_POLICY=apply \
       timeout 600 "$py" -m torch.distributed.run --standalone --nproc_per_node 2 \
-      examples/ecosystem/trainer_job.py --steps 60 --find-unused-parameters "$unused" --out "$dir" > "$out/log" 2>&1 || {
-      echo "ddp_find_unused_parameters=$unused: FAILED"
+      examples/ecosystem/trainer_job.py --steps 60 --find-unused-parameters "$unused" "${extra[@]}" --out "$dir" \
+      > "$out/log" 2>&1 || {
+      echo "$label: FAILED"
       tail -30 "$out/log"
       continue
     }
-    "$py" - "$dir/rank0.json" "$unused" <<'PY'
+    "$py" - "$dir/rank0.json" "$label" <<'PY'
 import json
 import sys
 
 d = json.load(open(sys.argv[1]))["delaycomm"]
 print(
-    f"ddp_find_unused_parameters={sys.argv[2]:7s} | delaycomm calls {d['calls']} delayed {d['delayed_calls']} "
+    f"{sys.argv[2]:56s} | delaycomm calls {d['calls']} delayed {d['delayed_calls']} "
     f"stale {d['stale_calls']} kept_fresh {d['kept_fresh_calls']} | ops {d['ops']}"
 )
 PY
