@@ -23,6 +23,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import math
+import sys
+import threading
 import weakref
 
 import torch
@@ -299,14 +301,67 @@ def _foreach_reduce_usable(module) -> bool:
     return not missing
 
 
+# The package whose import brings FSDP's hook points. Importing it costs seconds of CPU (a second interpreter's
+# worth of torch.distributed), which a job that never uses FSDP must not pay: install() waits for it.
+PACKAGE = "torch.distributed.fsdp"
+_install_lock = threading.Lock()
+_waiting = False
+
+
+class _AfterImport:
+    """A ``sys.meta_path`` entry that runs ``callback`` once, right after ``name`` has been imported (wherever that
+    happens: the user's ``import``, or torch's own); it finds nothing itself, and leaves once used."""
+
+    def __init__(self, name: str, callback) -> None:
+        self.name, self.callback = name, callback
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname != self.name:
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            return None  # another import used it already
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader = spec.loader
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec  # not a package torch ships: nothing to wrap, its reductions stay fresh
+        exec_module = loader.exec_module
+
+        def exec_then_callback(module):
+            exec_module(module)
+            self.callback()
+
+        loader.exec_module = exec_then_callback  # this spec's loader only: the module keeps its own __loader__
+        return spec
+
+
 def install() -> None:
-    """Wrap FSDP1's and FSDP2's gradient reductions (once); a missing hook point warns once and leaves its
-    reductions fresh."""
+    """Wrap FSDP1's and FSDP2's gradient reductions (once): now if FSDP is imported, else as soon as it is. A
+    missing hook point warns once and leaves its reductions fresh."""
+    global _waiting
+    with _install_lock:
+        if PACKAGE not in sys.modules:
+            if not _waiting:
+                _waiting = True
+                sys.meta_path.insert(0, _AfterImport(PACKAGE, _install_now))
+            return
+    _install_now()
+
+
+def _install_now() -> None:
     for module_name, name, make, what in HOOK_POINTS:
         try:
-            module = importlib.import_module(module_name)
+            module = importlib.import_module(module_name)  # not under the lock: imports take module locks
         except ImportError:
             _owners.warn_missing(module_name, what)
             continue
-        if name != "foreach_reduce" or _foreach_reduce_usable(module):
-            _owners.patch(module, name, make, what)
+        with _install_lock:  # two threads' groups (tests/harness/threads.py) must not wrap a hook point twice
+            if name != "foreach_reduce" or _foreach_reduce_usable(module):
+                _owners.patch(module, name, make, what)

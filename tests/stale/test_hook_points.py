@@ -11,6 +11,7 @@ unchanged. With the hook points in place, each of these models goes stale within
 
 from __future__ import annotations
 
+import sys
 import warnings
 from datetime import timedelta
 
@@ -100,3 +101,34 @@ def test_missing_hook_points_warn_once_and_keep_their_reductions_fresh_with_thei
             assert 2 <= o["delayed_calls"] <= o["calls"] - 2, (name, o)
         # What the user then sees for those reductions: the one-time "kept fresh" warning and its reason.
         assert any("no model delaycomm recognises" in w for w in msgs), msgs
+
+
+def test_fsdp_hook_points_wait_for_fsdp_to_be_imported(tmp_path, monkeypatch):
+    """A job that never imports FSDP does not pay for importing it (seconds of CPU): _fsdp.install() waits for the
+    package, and patches right after it is imported, before the importer sees it (a stand-in package here)."""
+    from delaycomm import _fsdp
+
+    pkg = tmp_path / "fsdp_stand_in"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("from . import hooked\n")
+    (pkg / "hooked.py").write_text("def reduce(x):\n    return x\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    seen = []
+
+    def install_now():
+        import fsdp_stand_in.hooked as hooked  # the package has run: its submodules are there
+
+        seen.append(hooked.reduce(1))
+        hooked.reduce = lambda x: x + 1
+
+    finder = _fsdp._AfterImport("fsdp_stand_in", install_now)
+    monkeypatch.setattr("sys.meta_path", [finder, *sys.meta_path])
+    monkeypatch.delitem(sys.modules, "fsdp_stand_in", raising=False)
+    assert seen == []
+    import fsdp_stand_in  # the user's import
+
+    assert seen == [1] and fsdp_stand_in.hooked.reduce(1) == 2  # patched before the import returned
+    assert finder not in sys.meta_path  # once
+    assert type(fsdp_stand_in.__loader__).__name__ == "SourceFileLoader"  # the module's own loader
+    for name in ("fsdp_stand_in", "fsdp_stand_in.hooked"):
+        sys.modules.pop(name, None)
