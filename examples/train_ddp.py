@@ -48,8 +48,11 @@ def main() -> None:
         if rank == 0 and (step == 1 or step % 50 == 0 or step == args.steps):
             print(f"step {step:4d}  loss {loss.item():.4f}", flush=True)
     elapsed = time.perf_counter() - start
-    # Under staleness=ssp:S/asp some contributions may still be in flight: deliver them (a no-op under bsp).
-    leftover = delaycomm.flush()
+    # Under staleness=ssp:S/asp some contributions may still be in flight: put them into .grad and apply them as
+    # one more step (under bsp nothing is pending: flush is a no-op).
+    opt.zero_grad()
+    leftover = delaycomm.flush(into_grad=True)
+    opt.step()
 
     if rank == 0:
         print(

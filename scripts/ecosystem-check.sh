@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs delaycomm with the front ends CI does not install (docs/ecosystem.md). Not part of CI.
-#   scripts/ecosystem-check.sh [BASE_VENV] [--deepspeed-staleness | CHECK_ARGS...]
+#   scripts/ecosystem-check.sh [BASE_VENV] [--deepspeed-staleness | --trainer-staleness | CHECK_ARGS...]
 # BASE_VENV: a venv with torch and delaycomm (default: .venv); CHECK_ARGS go to check.py (--only NAME, --keep DIR). Makes (once) .venv-ecosystem: BASE_VENV's packages
 # plus accelerate, transformers, pytorch-ignite, lightning and deepspeed from the registry, with torch held at
 # BASE_VENV's version (pip would otherwise pull another torch build for them).
@@ -12,7 +12,13 @@
 # --deepspeed-staleness: instead, delaycomm's staleness on DeepSpeed (docs/staleness.md, "Which reductions go
 # stale"): ZeRO stages 0-3, each under bsp and under ssp:2 with the same delay, fraction and seed, as a user runs them
 # (deepspeed.init_distributed(dist_backend="delaycomm"), only DELAYCOMM_* set, step_ms=auto); prints, per stage,
-# rank 0's reduction counters (calls, delayed, stale, kept fresh) and final losses. About 20 minutes on 2 cores.
+# rank 0's reduction counters (calls, delayed, stale, kept fresh), final losses and why reductions were kept fresh
+# (each distinct one-time warning's reason). About 20 minutes on 2 cores.
+#
+# --trainer-staleness: instead, transformers' Trainer (examples/ecosystem/trainer_job.py) under ssp:2 with
+# stale_policy=apply, 60 steps, with TrainingArguments' default ddp_find_unused_parameters, with False, and with the
+# default and ddp_static_graph=True (the recipes in docs/ecosystem.md); prints rank 0's counters and why reductions
+# were kept fresh. A few minutes.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
@@ -24,6 +30,9 @@ fi
 mode=recipes
 if [ "${1:-}" = --deepspeed-staleness ]; then
   mode=staleness
+  shift
+elif [ "${1:-}" = --trainer-staleness ]; then
+  mode=trainer
   shift
 fi
 venv=$root/.venv-ecosystem
@@ -46,6 +55,51 @@ fi
 
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+
+# The distinct reasons of the one-time "kept fresh" warnings in a job's output, one line each.
+kept_fresh_reasons() {
+  grep -o "staleness on group .* kept fresh (delayed as under bsp, never stale): .*\. Reductions kept fresh" "$1" |
+    sed -e "s/^staleness on group '[^']*': /    kept fresh: /" -e 's/ kept fresh (delayed as under bsp, never stale)//' \
+      -e 's/\. Reductions kept fresh$//' | sort -u || true
+}
+
+if [ "$mode" = trainer ]; then
+  echo "# delaycomm ecosystem check: transformers Trainer on CPU, 2 ranks, 60 steps"
+  versions=$("$py" -c 'import torch, transformers, delaycomm
+print(f"torch {torch.__version__}, transformers {transformers.__version__}, delaycomm {delaycomm.__version__}")' \
+    2>/dev/null | tail -1)
+  echo "# $versions; $(nproc) cores"
+  echo "# DELAYCOMM_DELAY=exp:p99=30ms DELAYCOMM_DELAY_FRACTION=0.3 DELAYCOMM_STALENESS=ssp:2 DELAYCOMM_STALE_POLICY=apply"
+  for run in default false default:static; do
+    unused=${run%%:*} extra=() label="ddp_find_unused_parameters=$unused"
+    if [ "$run" != "$unused" ]; then
+      extra=(--static-graph) label="$label ddp_static_graph=True"
+    fi
+    dir=$out/trainer-${run/:/-}
+    env -u DELAYCOMM_STATS OMP_NUM_THREADS=1 DELAYCOMM_DELAY=exp:p99=30ms DELAYCOMM_DELAY_FRACTION=0.3 \
+      DELAYCOMM_STALENESS=ssp:2 DELAYCOMM_STALE_POLICY=apply \
+      timeout 600 "$py" -m torch.distributed.run --standalone --nproc_per_node 2 \
+      examples/ecosystem/trainer_job.py --steps 60 --find-unused-parameters "$unused" "${extra[@]}" --out "$dir" \
+      > "$out/log" 2>&1 || {
+      echo "$label: FAILED"
+      tail -30 "$out/log"
+      continue
+    }
+    "$py" - "$dir/rank0.json" "$label" <<'PY'
+import json
+import sys
+
+d = json.load(open(sys.argv[1]))["delaycomm"]
+print(
+    f"{sys.argv[2]:56s} | delaycomm calls {d['calls']} delayed {d['delayed_calls']} "
+    f"stale {d['stale_calls']} kept_fresh {d['kept_fresh_calls']} | ops {d['ops']}"
+)
+PY
+    kept_fresh_reasons "$out/log"
+  done
+  exit 0
+fi
+
 echo "# delaycomm ecosystem check: DeepSpeed ZeRO on CPU, 2 ranks, 60 steps"
 versions=$(DS_ACCELERATOR=cpu "$py" -c 'import torch, deepspeed, delaycomm
 print(f"torch {torch.__version__}, deepspeed {deepspeed.__version__}, delaycomm {delaycomm.__version__}")' 2>/dev/null |
@@ -84,5 +138,6 @@ for group in doc["stats"].values():
 parts = [f"{op}: calls {c} delayed {d} stale {s} kept_fresh {f}" for op, (c, d, s, f) in sorted(totals.items())]
 print(f"zero{sys.argv[2]} {sys.argv[3]:6s} {sys.argv[4]:>14s} final loss {final:.4f} | " + " | ".join(parts))
 PY
+    kept_fresh_reasons "$out/log"
   done
 done

@@ -151,12 +151,16 @@ class DelayBackend : public c10d::Backend {
   void resume() override;
   std::unordered_map<std::string, uint64_t> getMemoryStats() override;
 
-  // Staleness (when configured): a SUM/AVG all-reduce of one floating tensor under an explicit key (DDP hook),
-  // and flush(): delivers every pending contribution, one SUM all-reduce per key with any pending anywhere (one
-  // SUM reduce-scatter for a reduce-scatter stream, which delivers this rank's shard) (collective: every rank
-  // calls it at the same point); returns (key, delivered sum) pairs.
-  c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, uint64_t key, bool average);
-  std::vector<std::pair<uint64_t, at::Tensor>> flush();
+  // Staleness (when configured): a SUM/AVG all-reduce of one floating tensor as one step of stream `key`
+  // (stale_allreduce), or with no key as a recognised gradient reduction (delaycomm.ddp_hook: the DDP bucket scope
+  // names its stream; kept fresh where none does), and flush(): delivers every pending contribution, one SUM
+  // all-reduce per stream with any pending anywhere (one SUM reduce-scatter for a reduce-scatter stream, which
+  // delivers this rank's shard) (collective: every rank calls it at the same point; docs/staleness.md, "flush").
+  c10::intrusive_ptr<c10d::Work> staleAllreduce(at::Tensor& tensor, std::optional<uint64_t> key, bool average);
+  std::vector<StalenessEngine::FlushStream> flush();
+  // A SUM all-reduce that is part of flush (HSDP's and HYBRID_SHARD's all-reduce of a flushed shard across the
+  // replicas, python/delaycomm/_fsdp.py): no staleness and no delay, like flush's own reductions. Waits for it.
+  void flushAllreduce(at::Tensor& tensor);
   // (this rank's pending stale contributions, the group's); zeros under bsp.
   std::pair<int64_t, int64_t> stalePending() const;
   // The stale:fresh ratio over the engine's recent window; 0 under bsp.

@@ -15,7 +15,7 @@ namespace delaycomm {
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleAllreduce(const StaleRoute& route, at::Tensor& tensor,
                                                                const c10d::AllreduceOptions& opts) {
-  const auto info = stale_->prepareScaled(tensor, route.key, route.resultScale, /*scatter=*/false);
+  const auto info = stale_->prepareScaled(tensor, route.key, route.resultScale, /*scatter=*/false, route.mayDefer);
   countStale(OpKind::kAllreduce, info);
   c10d::AllreduceOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
@@ -44,7 +44,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(const StaleRo
                                                                    const c10d::ReduceScatterOptions& opts) {
   // NOTE: the blend rewrites the input in place, as the stale all-reduce rewrites its tensor: FSDP2 discards its
   // reduce-scatter input afterwards (docs/staleness.md).
-  const auto info = stale_->prepareScaled(input, route.key, route.resultScale, /*scatter=*/true);
+  const auto info = stale_->prepareScaled(input, route.key, route.resultScale, /*scatter=*/true, route.mayDefer);
   countStale(OpKind::kReduceScatterBase, info);
   c10d::ReduceScatterOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
@@ -80,23 +80,30 @@ void DelayBackend::keptFresh(OpKind op, const std::vector<at::Tensor>& tensors, 
   if (!route.node.empty()) {
     msg << " ('" << route.node << "')";
   }
+  if (!route.detail.empty()) {
+    msg << " (" << route.detail << ")";
+  }
   msg << ". Reductions kept fresh are counted in delaycomm.stats()['ops']['" << opName(op)
       << "']['kept_fresh_calls']; this is not warned again for this reason (docs/staleness.md, \"Which reductions "
          "go stale\")";
   stale_->onWarn(msg.str());
 }
 
-c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, uint64_t key, bool average) {
+c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, std::optional<uint64_t> key,
+                                                            bool average) {
   std::vector<at::Tensor> tensors{tensor};
   checkTensors(OpKind::kAllreduce, "tensor", tensors);
-  TORCH_CHECK_VALUE(key < StalenessEngine::kIdentityKeyBase, "delaycomm: stale_allreduce: key must be < 2^40, got ",
-                    key);
+  TORCH_CHECK_VALUE(!key || *key < StalenessEngine::kExplicitKeyLimit,
+                    "delaycomm: stale_allreduce: key must be < 2^40, got ", key.value_or(0));
   c10d::AllreduceOptions opts;
   opts.reduceOp = average ? c10d::ReduceOp::AVG : c10d::ReduceOp::SUM;
   if (staleRouter_) {
-    const StaleRoute route = staleRouter_->classify(OpKind::kAllreduce, tensors, opts.reduceOp, coalescing_, key);
+    StaleRoute route = staleRouter_->classify(OpKind::kAllreduce, tensors, opts.reduceOp, coalescing_, key);
     if (route.stale) {
       return runStaleAllreduce(route, tensor, opts);
+    }
+    if (route.keptFresh) {
+      keptFresh(OpKind::kAllreduce, tensors, route);
     }
   }
   if (average && tensor.is_cpu()) {  // Gloo has no AVG: SUM, then divide (as DDP does)
@@ -107,8 +114,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::staleAllreduce(at::Tensor& tensor, 
              [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); });
 }
 
-std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
-  std::vector<std::pair<uint64_t, at::Tensor>> out;
+std::vector<StalenessEngine::FlushStream> DelayBackend::flush() {
+  std::vector<StalenessEngine::FlushStream> out;
   if (!stale_) {
     return out;
   }
@@ -128,7 +135,8 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
           },
           true, /*applyDelay=*/false);
       work->wait(injector_->timeout());
-      out.emplace_back(stream.key, shard);
+      stream.local = shard;
+      out.push_back(std::move(stream));
       continue;
     }
     std::vector<at::Tensor> tensors{local};
@@ -138,9 +146,20 @@ std::vector<std::pair<uint64_t, at::Tensor>> DelayBackend::flush() {
         [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
         /*applyDelay=*/false);
     work->wait(injector_->timeout());
-    out.emplace_back(stream.key, local);
+    out.push_back(std::move(stream));
   }
   return out;
+}
+
+void DelayBackend::flushAllreduce(at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  checkTensors(OpKind::kAllreduce, "tensor", tensors);
+  c10d::AllreduceOptions opts;
+  auto work = run(
+      OpKind::kAllreduce, tensor.device(), bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
+      /*applyDelay=*/false);
+  work->wait(injector_->timeout());
 }
 
 }  // namespace delaycomm

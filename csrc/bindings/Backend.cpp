@@ -212,9 +212,27 @@ void bindBackend(py::module_& m) {
       // ---- staleness (stale/StalenessEngine.hpp) ----
       .def("stale_allreduce", &DelayBackend::staleAllreduce, py::arg("tensor"), py::arg("key"),
            py::arg("average") = false, py::call_guard<py::gil_scoped_release>(),
-           "SUM (or AVG) all-reduce of one tensor as step of stream `key` under the group's staleness model.")
-      .def("flush", &DelayBackend::flush, py::call_guard<py::gil_scoped_release>(),
-           "Deliver every pending stale contribution (collective); returns [(key, delivered sum)].")
+           "SUM (or AVG) all-reduce of one tensor as step of stream `key` under the group's staleness model; with "
+           "key None, as a recognised gradient reduction (the DDP bucket scope of delaycomm.ddp_hook).")
+      .def(
+          "flush",
+          [](DelayBackend& self) {
+            std::vector<StalenessEngine::FlushStream> streams;
+            {
+              py::gil_scoped_release release;
+              streams = self.flush();
+            }
+            py::list out;
+            for (auto& s : streams) {
+              out.append(py::make_tuple(s.key, s.local, s.consumer, s.scatter, s.name));
+            }
+            return out;
+          },
+          "Deliver every pending stale contribution (collective); returns [(key, delivered sum, consumer id, "
+          "reduce-scatter, stream name)].")
+      .def("flush_allreduce", &DelayBackend::flushAllreduce, py::arg("tensor"),
+           py::call_guard<py::gil_scoped_release>(),
+           "A SUM all-reduce that is part of flush (no staleness, no delay); waits for it.")
       .def("stale_pending", &DelayBackend::stalePending, "(this rank's pending stale contributions, the group's)")
       .def("stale_windowed_ratio", &DelayBackend::staleWindowedRatio)
       .def(

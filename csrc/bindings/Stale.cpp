@@ -1,16 +1,40 @@
-// Staleness (stale/): the scope keys of FSDP2's reductions (stale/FsdpScope.hpp) and the scopes of DDP's
-// communication hooks (stale/Recognition.hpp, python/delaycomm/_ddp.py). docs/staleness.md.
+// Staleness (stale/): the owners of gradient reductions (stale/Owners.hpp: python/delaycomm/_owners.py, _ddp.py and
+// _fsdp.py register them) and the keys of recognised streams. docs/staleness.md.
 
 #include <string>
+#include <tuple>
+#include <vector>
 
+#include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 #include <torch/python.h>
 
 #include "bindings/Bindings.hpp"
-#include "stale/Recognition.hpp"
+#include "stale/Owners.hpp"
 #include "stale/StalenessEngine.hpp"
 
 namespace delaycomm::bindings {
+
+namespace {
+
+owners::ScopeKind scopeKindArgument(const std::string& kind) {
+  if (kind == "ddp_hook") {
+    return owners::ScopeKind::kDdpHook;
+  }
+  if (kind == "fsdp") {
+    return owners::ScopeKind::kFsdp;
+  }
+  if (kind == "ddp_shadow") {
+    return owners::ScopeKind::kDdpShadow;
+  }
+  throw std::invalid_argument("delaycomm: _stale_scope_enter: kind must be 'ddp_hook', 'fsdp' or 'ddp_shadow', got '" +
+                              kind + "'");
+}
+
+// (params, numel, dtype, stream name, consumer id) per bucket, in the reducer's order.
+using BucketArgs = std::tuple<std::vector<at::Tensor>, int64_t, at::ScalarType, std::string, int64_t>;
+
+}  // namespace
 
 void bindStale(py::module_& m) {
   m.def(
@@ -19,14 +43,46 @@ void bindStale(py::module_& m) {
         return StalenessEngine::scopeKey(scope, numel, dtype, scatter);
       },
       py::arg("scope"), py::arg("numel"), py::arg("dtype"), py::arg("scatter"),
-      "The staleness key of the stream that an FSDP2 reduction scope (e.g. 'FSDP::post_backward_reduce (0)') "
-      "reduces with tensors of numel elements of dtype (tests compute the delay schedule of that stream with it).");
-  m.def("_ddp_bucket_enter", &ddp_bucket_scope::enter, py::arg("index"), py::arg("numel"),
-        "Marks the calling thread as running a DDP communication hook on bucket `index` of `numel` elements.");
-  m.def("_ddp_bucket_exit", &ddp_bucket_scope::exit, "Ends the calling thread's DDP communication hook scope.");
-  m.def("_ddp_join_shadow_enter", &ddp_join_shadow::enter, py::arg("new_pass"),
-        "Marks the calling thread as shadowing DDP's backward pass on a joined rank (join()).");
-  m.def("_ddp_join_shadow_exit", &ddp_join_shadow::exit, "Ends the calling thread's join() shadow.");
+      "The staleness key of the recognised stream named `scope` (e.g. 'DDP #0 bucket #0 (params 3-0)') reduced "
+      "with tensors of numel elements of dtype (tests compute the delay schedule of that stream with it).");
+  m.def("_stale_consumer", &owners::addConsumer, py::arg("params"),
+        "Registers the parameters one stream's result lands on; returns the consumer's id.");
+  m.def("_stale_optimizer_stepped", &owners::optimizerStepped, py::arg("params"),
+        "An optimizer step consumed these parameters' gradients.");
+  m.def(
+      "_stale_scope_enter",
+      [](const std::string& kind, const std::string& stream, int64_t numel, int64_t consumer, int64_t ddp,
+         bool dynamicUnused) {
+        owners::Scope s;
+        s.kind = scopeKindArgument(kind);
+        s.stream = stream;
+        s.numel = numel;
+        s.consumer = consumer;
+        s.ddp = ddp;
+        s.dynamicUnused = dynamicUnused;
+        owners::enterScope(std::move(s));
+      },
+      py::arg("kind"), py::arg("stream") = "", py::arg("numel") = -1, py::arg("consumer") = -1, py::arg("ddp") = -1,
+      py::arg("dynamic_unused") = false,
+      "Marks the calling thread as reducing one owner's gradients (a DDP comm hook's bucket, FSDP's parameter group, "
+      "DDP join()'s shadow).");
+  m.def("_stale_scope_exit", &owners::exitScope,
+        "Ends the calling thread's innermost owner scope; returns whether its reduce-scatter went stale.");
+  m.def(
+      "_stale_ddp_layout",
+      [](int64_t ddp, const std::string& group, const std::vector<BucketArgs>& buckets, bool dynamicUnused,
+         bool ownReducer) {
+        std::vector<owners::DdpBucket> out;
+        for (const auto& [params, numel, dtype, stream, consumer] : buckets) {
+          out.push_back(owners::DdpBucket{params, numel, dtype, stream, consumer});
+        }
+        owners::ddpLayout(ddp, group, std::move(out), dynamicUnused, ownReducer);
+      },
+      py::arg("ddp"), py::arg("group"), py::arg("buckets"), py::arg("dynamic_unused"), py::arg("own_reducer"),
+      "DDP instance `ddp` reduces these buckets ((params, numel, dtype, stream, consumer) each) from now on.");
+  m.def("_stale_ddp_round", &owners::ddpRound, py::arg("ddp"),
+        "A forward of DDP `ddp` prepared a backward round: its buckets are reduced anew, from bucket 0.");
+  m.def("_stale_ddp_forget", &owners::ddpForget, py::arg("ddp"), "DDP `ddp` is gone.");
 }
 
 }  // namespace delaycomm::bindings

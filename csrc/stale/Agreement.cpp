@@ -28,7 +28,7 @@ uint64_t digestMix(uint64_t h, uint64_t v) {
 
 // A stream as every rank can name it from a record alone.
 std::string streamText(const FlushRecord::Stream& s) {
-  constexpr uint64_t kExplicitKeyLimit = uint64_t{1} << 40;  // KeyTable::kIdentityKeyBase
+  constexpr uint64_t kExplicitKeyLimit = uint64_t{1} << 40;  // KeyTable::kExplicitKeyLimit
   constexpr uint64_t kScopeKeyBase = uint64_t{1} << 41;      // KeyTable's
   std::ostringstream out;
   if (s.key < kExplicitKeyLimit) {

@@ -49,15 +49,15 @@ KeyTable::Stream& KeyTable::touch(uint64_t key, const at::Tensor& t) {
 }
 
 uint64_t KeyTable::scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter) {
-  // The stream is (scope, size, dtype): a parameter group whose set of gradients changes (a parameter without a
-  // gradient in some step) reduces a tensor of another size, which is another stream, not a changed one.
+  // The stream is (name, size, dtype, kind): a parameter group whose set of gradients changes (a parameter without
+  // a gradient in some step) reduces a tensor of another size, which is another stream, not a changed one.
   uint64_t h = fnv1aBytes(0xcbf29ce484222325ull, scope.data(), scope.size());
   const auto type = static_cast<int32_t>(dtype);
   const uint8_t kind = scatter ? 1 : 0;
   h = fnv1aBytes(h, &numel, sizeof numel);
   h = fnv1aBytes(h, &type, sizeof type);
   h = fnv1aBytes(h, &kind, sizeof kind);
-  return kScopeKeyBase + (h & (kIdentityKeyBase - 1));
+  return kScopeKeyBase + (h & (kExplicitKeyLimit - 1));
 }
 
 uint64_t KeyTable::scopedKey(const std::string& scope, const at::Tensor& t, bool scatter) {
@@ -102,7 +102,7 @@ const char* KeyTable::opText(uint64_t key) const {
 
 std::string KeyTable::describe(uint64_t key) const {
   std::ostringstream s;
-  if (key < kIdentityKeyBase) {
+  if (key < kExplicitKeyLimit) {
     s << "key " << key;
     return s.str();
   }

@@ -17,10 +17,10 @@ namespace delaycomm {
 // The staleness engine's streams by key, bounded (docs/staleness.md, "Keys" and "Memory").
 //
 // A *key* names one stream of reductions (one DDP bucket); each call on a key is one step. Keys are explicit
-// (ddp_hook: bucket.index(); stale_allreduce(key=...)), < kIdentityKeyBase; or named by the stream the recogniser
-// found (stale/Recognition.hpp: an FSDP2 parameter group's scope, a DDP bucket, a backward pass's k-th gradient
-// reduction) with the tensor's size and dtype (scopeKey: a hash, >= kScopeKeyBase, the same on every rank whatever
-// the order). The range between the two is unused (it held storage-identity keys).
+// (stale_allreduce(key=...)), < kExplicitKeyLimit; or named by the stream the recogniser found (stale/Recognition.hpp:
+// a DDP bucket, an FSDP flat parameter or parameter group, each named by its owner) with the tensor's size and dtype
+// (scopeKey: a hash, >= kScopeKeyBase, the same on every rank whatever the order). The range between the two is
+// unused.
 //
 // The table holds at most maxKeys keys: the least recently used key with nothing pending is forgotten beyond that.
 // The order depends only on the sequence of keys, so every rank forgets the same keys at the same call.
@@ -28,7 +28,7 @@ namespace delaycomm {
 // Threads: none of its own; the engine calls it under its lock.
 class KeyTable {
  public:
-  static constexpr uint64_t kIdentityKeyBase = uint64_t{1} << 40;
+  static constexpr uint64_t kExplicitKeyLimit = uint64_t{1} << 40;
   static constexpr uint64_t kScopeKeyBase = uint64_t{1} << 41;
 
   // A late contribution: rank's, `staleness` steps late, arriving at the step it is filed under.
@@ -49,6 +49,17 @@ class KeyTable {
     size_t calls() const { return intervals.size() + (last != std::chrono::steady_clock::time_point{} ? 1 : 0); }
   };
 
+  // A recognised stream's runtime check (docs/staleness.md, "The runtime check"): each of its reductions must be
+  // consumed by an optimizer step over all of its parameters before the next; it defers nothing until it has passed
+  // the check StalenessOptions::probationCalls times, and a stream that fails is kept fresh from then on.
+  struct Watch {
+    uint64_t calls = 0;
+    uint64_t passes = 0;
+    uint64_t stepAt = 0;    // the optimizer step count at its last reduction (stale/Owners.hpp)
+    uint64_t deferred = 0;  // contributions (all ranks') it made late so far
+    bool fresh = false;     // failed the check: kept fresh from now on
+  };
+
   // One stream: its bookkeeping (the same on every rank: derived from the shared schedule) and this rank's own
   // deferred contributions.
   struct Stream {
@@ -61,7 +72,9 @@ class KeyTable {
     int64_t numel = 0;                                  // its size at the last step
     double resultScale = 1.0;           // the stream's result scale (last step): 1, 1 / N (AVG), f (PREMUL_SUM)
     bool scatter = false;               // a reduce-scatter stream (last step)
-    std::string scope;                  // set for scope keys: the FSDP2 scope's name
+    std::string scope;                  // set for recognised streams: the stream's name
+    int64_t consumer = -1;              // recognised streams: the parameters its result lands on (stale/Owners.hpp)
+    Watch watch;                        // recognised streams
     CallTimes times;                    // step_ms=auto, until one stream has calibrated
     std::list<uint64_t>::iterator lru;  // position in the table's LRU list
 

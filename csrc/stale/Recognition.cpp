@@ -1,144 +1,102 @@
-// Which reductions are data-parallel gradient reductions (stale/Recognition.hpp; docs/staleness.md, "Which
-// reductions go stale").
+// Which reductions are data-parallel gradient reductions of a known owner (stale/Recognition.hpp; docs/staleness.md,
+// "Which reductions go stale").
 
 #include "stale/Recognition.hpp"
-
-#include <atomic>
 
 #include <ATen/ATen.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 #include <torch/csrc/autograd/graph_task.h>
 
-#include "stale/FsdpScope.hpp"
+#include "stale/Owners.hpp"
 
 namespace delaycomm {
 
 namespace {
 
-struct BucketFrame {
-  int64_t index = -1;
-  int64_t numel = 0;
-  bool reduced = false;  // the bucket's gradient reduction was issued
-};
+using Reason = GradientRecognizer::Reason;
 
-// NOTE: a name of its own: the torch-heavy sources are compiled as one translation unit (CMakeLists.txt).
-thread_local BucketFrame tlsBucket;
+GradientRecognizer::Decision gradientOf(std::string stream, int64_t consumer) {
+  GradientRecognizer::Decision d;
+  d.reason = Reason::kGradient;
+  d.stream = std::move(stream);
+  d.consumer = consumer;
+  return d;
+}
 
-// The joined rank's shadow backward pass: a pseudo graph task id below -1 (real ones are >= 0, none is -1), 0 when
-// no shadow is running on this thread.
-std::atomic<int64_t> shadowPasses{0};
-thread_local int64_t tlsShadowPass = 0;
-thread_local int64_t tlsLastShadowPass = 0;
+GradientRecognizer::Decision freshFor(Reason reason) {
+  GradientRecognizer::Decision d;
+  d.reason = reason;
+  return d;
+}
+
+// 1. Inside an owner's scope (a DDP comm hook on a bucket; FSDP's reduction of one parameter group).
+GradientRecognizer::Decision inScope(owners::Scope& s, const at::Tensor& t, bool scatter) {
+  if (s.kind == owners::ScopeKind::kDdpHook) {
+    if (s.reduced || scatter || t.numel() != s.numel) {
+      return freshFor(Reason::kCommHookOther);
+    }
+    s.reduced = true;
+    return s.dynamicUnused ? freshFor(Reason::kUnusedParameters) : gradientOf(s.stream, s.consumer);
+  }
+  if (s.reduced) {
+    return freshFor(!scatter && s.scatterStale ? Reason::kHsdpReplicas : Reason::kOwnerOther);
+  }
+  s.reduced = true;
+  s.scatterStale = scatter;  // cleared by the router when the engine does not take it
+  return gradientOf(s.stream, s.consumer);
+}
 
 }  // namespace
 
-namespace ddp_bucket_scope {
-
-void enter(int64_t index, int64_t numel) {
-  tlsBucket = BucketFrame{index, numel, false};
-}
-
-void exit() {
-  tlsBucket = BucketFrame{};
-}
-
-}  // namespace ddp_bucket_scope
-
-namespace ddp_join_shadow {
-
-void enter(bool newPass) {
-  if (newPass || tlsLastShadowPass == 0) {
-    tlsLastShadowPass = -2 - shadowPasses.fetch_add(1, std::memory_order_relaxed);
-  }
-  tlsShadowPass = tlsLastShadowPass;
-}
-
-void exit() {
-  tlsShadowPass = 0;
-}
-
-}  // namespace ddp_join_shadow
-
-bool GradientRecognizer::enterLocked(int64_t graphTask) {
-  if (graphTask != graphTask_) {
-    usedMapLast_ = usedMapNow_;
-    usedMapNow_ = false;
-    ordinal_ = 0;
-    graphTask_ = graphTask;
-  }
-  return usedMapNow_ || usedMapLast_;
-}
-
-GradientRecognizer::Decision GradientRecognizer::classify(const at::Tensor& t, bool structural, bool scatter) {
-  Decision d;
-  const char* kind = scatter ? "reduce_scatter" : "all_reduce";
-  const int64_t realTask = torch::autograd::get_current_graph_task_id();
-  // A joined rank's shadow of DDP's backward pass counts as a backward pass of its own, its reductions as DDP's.
-  const int64_t graphTask = realTask < 0 && tlsShadowPass != 0 ? tlsShadowPass : realTask;
-  // The node being evaluated: null outside a backward pass and in its final callbacks.
-  const auto node = realTask >= 0 ? torch::autograd::get_current_node() : c10::intrusive_ptr<torch::autograd::Node>();
-  const bool accumulating = (realTask >= 0 || graphTask != realTask) &&
-                            (!node || dynamic_cast<const torch::autograd::AccumulateGrad*>(node.get()) != nullptr);
-
-  if (accumulating && !structural && !scatter && t.defined() && !at::isFloatingType(t.scalar_type())) {
-    // DDP's used-parameter map (find_unused_parameters): an integer all-reduce issued with the gradients.
-    std::lock_guard<std::mutex> lock(mutex_);
-    enterLocked(graphTask);
-    usedMapNow_ = true;
-  }
+GradientRecognizer::Decision GradientRecognizer::classify(const std::string& group, const at::Tensor& t,
+                                                          bool structural, bool scatter) const {
   if (!structural) {
-    d.reason = Reason::kNotFloatingSum;
+    return freshFor(Reason::kNotFloatingSum);
+  }
+  const int64_t shadow = owners::shadowDdp();
+  owners::Scope* scope = owners::innermostScope();
+  if (scope != nullptr && scope->kind != owners::ScopeKind::kDdpShadow) {
+    Decision d = inScope(*scope, t, scatter);
+    d.shadow = shadow >= 0;
     return d;
   }
 
-  // 1. FSDP2's reduction scope.
-  if (const std::string* scope = fsdp_scope::current()) {
-    if (scatter) {
-      fsdp_scope::noteReduceScatter();
-    } else if (fsdp_scope::reduceScattered()) {
-      d.reason = Reason::kHsdpReplicas;
+  // 2. DDP's reducer: from a parameter's gradient accumulation, or a joined rank's shadow of the backward pass.
+  const c10::TensorImpl* param = nullptr;
+  if (shadow < 0) {
+    if (torch::autograd::get_current_graph_task_id() < 0) {
+      return freshFor(Reason::kOutsideBackward);
+    }
+    // The node being evaluated: null in a backward pass's final callbacks and in a compiled autograd graph.
+    const auto node = torch::autograd::get_current_node();
+    if (!node) {
+      return freshFor(Reason::kNoNode);
+    }
+    const auto* accumulate = dynamic_cast<const torch::autograd::AccumulateGrad*>(node.get());
+    if (accumulate == nullptr) {
+      Decision d = freshFor(Reason::kOtherAutogradNode);
+      d.node = node->name();
       return d;
     }
-    d.reason = Reason::kGradient;
-    d.stream = *scope;
-    return d;
+    param = accumulate->variable.unsafeGetTensorImpl();
   }
-
-  // 2. A DDP communication hook: the bucket's one reduction of its size.
-  if (tlsBucket.index >= 0) {
-    if (!tlsBucket.reduced && !scatter && t.numel() == tlsBucket.numel) {
-      tlsBucket.reduced = true;
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (graphTask != -1 && enterLocked(graphTask)) {
-        d.reason = Reason::kUnusedParameters;
-        return d;
-      }
-      d.reason = Reason::kGradient;
-      d.stream = "DDP bucket #" + std::to_string(tlsBucket.index) + " (comm hook)";
-      return d;
-    }
-    d.reason = Reason::kCommHookOther;
-    return d;
+  if (scatter) {
+    return freshFor(param != nullptr ? Reason::kNoOwner : Reason::kOutsideBackward);
   }
-
-  // 3. A backward pass: a parameter's gradient accumulation or a final callback (or a joined rank's shadow of one).
-  if (graphTask == -1) {
-    d.reason = Reason::kOutsideBackward;
-    return d;
+  const owners::DdpMatch m = owners::matchDdpReduction(param, shadow, group, t);
+  switch (m.kind) {
+    case owners::DdpMatch::Kind::kNotDdp:
+      return freshFor(param != nullptr ? Reason::kNoOwner : Reason::kOutsideBackward);
+    case owners::DdpMatch::Kind::kOther:
+      return freshFor(Reason::kNotOwnersReduction);
+    case owners::DdpMatch::Kind::kUnused:
+      return freshFor(Reason::kUnusedParameters);
+    case owners::DdpMatch::Kind::kBucket:
+      break;
   }
-  if (!accumulating) {
-    d.reason = Reason::kOtherAutogradNode;
-    d.node = node->name();
-    return d;
-  }
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (enterLocked(graphTask)) {
-    d.reason = Reason::kUnusedParameters;
-    return d;
-  }
-  d.reason = Reason::kGradient;
-  d.stream = std::string("backward ") + kind + " #" + std::to_string(ordinal_++);
+  Decision d = gradientOf(m.stream, m.consumer);
+  d.shadow = shadow >= 0;
   return d;
 }
 
@@ -158,6 +116,16 @@ const char* GradientRecognizer::name(Reason reason) {
       return "hsdp_replicas";
     case Reason::kCommHookOther:
       return "comm_hook_other";
+    case Reason::kNoOwner:
+      return "no_owner";
+    case Reason::kNoNode:
+      return "no_node";
+    case Reason::kNotOwnersReduction:
+      return "not_owners_reduction";
+    case Reason::kOwnerOther:
+      return "owner_other";
+    case Reason::kNotConsumed:
+      return "not_consumed";
   }
   return "?";
 }
@@ -169,20 +137,40 @@ const char* GradientRecognizer::explain(Reason reason) {
     case Reason::kNotFloatingSum:
       return "it is not a SUM or AVG of one dense floating tensor (or it is in a coalescing window)";
     case Reason::kOutsideBackward:
-      return "it was issued outside a backward pass, so it is not a data-parallel gradient reduction (a metric, "
-             "a tensor-parallel forward all-reduce, an optimizer's or a user's collective)";
+      return "it was issued outside a backward pass, and delaycomm cannot tell a gradient reduction issued there (an "
+             "end-of-backward bucket flush such as DeepSpeed ZeRO's) from a metric, a tensor-parallel forward "
+             "all-reduce or an optimizer's or a user's collective";
     case Reason::kOtherAutogradNode:
       return "it was issued in a backward pass by an autograd node that is not a parameter's gradient "
              "accumulation (a tensor-parallel backward all-reduce)";
     case Reason::kUnusedParameters:
-      return "DDP reduces a used-parameter map in this backward pass (find_unused_parameters=True): DDP drops a "
-             "late contribution to a parameter that is unused on the step it lands, so its gradients stay fresh";
+      return "its DDP module runs with find_unused_parameters=True: DDP drops the reduced gradient of a parameter "
+             "that no rank used in a step, so a late contribution landing on such a step would be lost (pass "
+             "find_unused_parameters=False, or static_graph=True, for staleness: docs/ecosystem.md)";
     case Reason::kHsdpReplicas:
-      return "it is HSDP's all-reduce across replicas, after the shard group's reduce-scatter in the same FSDP2 "
-             "scope went stale: one stage of a gradient's reduction goes stale, not both";
+      return "it is the all-reduce across replicas (HSDP, HYBRID_SHARD) after the shard group's reduce-scatter of the "
+             "same parameters went stale: one stage of a gradient's reduction goes stale, not both";
     case Reason::kCommHookOther:
       return "it was issued by a DDP communication hook besides the bucket's gradient (a reduction of another "
              "size, e.g. PowerSGD's factors): a hook's intermediate results never go stale";
+    case Reason::kNoOwner:
+      return "it was issued in a backward pass by a parameter's gradient hook, but no model delaycomm recognises "
+             "(DDP, FSDP1, FSDP2) reduces that parameter (DeepSpeed's or a user's gradient hook): which parameters "
+             "the reduced tensor holds, and how its result is used, cannot be proven";
+    case Reason::kNoNode:
+      return "it was issued in a backward pass outside any parameter's gradient accumulation (a final callback, or "
+             "a compiled autograd graph): whose gradients the reduced tensor holds cannot be proven";
+    case Reason::kNotOwnersReduction:
+      return "it was issued in the gradient hook of a DDP parameter, but it is not DDP's reduction of its next "
+             "bucket (another size or dtype: a user's all-reduce in a parameter hook, e.g. a counter)";
+    case Reason::kOwnerOther:
+      return "FSDP issued it after the parameter group's gradient reduction (an all-reduce or comm hook's "
+             "reduction): only the gradient reduction itself goes stale";
+    case Reason::kNotConsumed:
+      return "its stream was reduced again before an optimizer step consumed all of its parameters' previous "
+             "gradient (reduced twice per optimizer step, as a GAN's discriminator or two backward passes per "
+             "step are, or a reduction whose gradient no torch.optim optimizer stepped): a late contribution could "
+             "land on a gradient that is used differently, so the stream is kept fresh from now on";
   }
   return "?";
 }

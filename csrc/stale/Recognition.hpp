@@ -1,96 +1,73 @@
 #pragma once
 
-#include <array>
-#include <atomic>
 #include <cstdint>
-#include <mutex>
 #include <string>
 
 #include <ATen/core/Tensor.h>
 
 namespace delaycomm {
 
-// Which reductions are data-parallel gradient reductions, and so may go stale (docs/staleness.md, "Which
-// reductions go stale"). Every other reduction is kept fresh: it runs as under bsp, with its delay.
+// Which reductions are data-parallel gradient reductions whose owner is known, and so may go stale
+// (docs/staleness.md, "Which reductions go stale"). Every other reduction is kept fresh: it runs as under bsp, with
+// its delay.
 //
 // A reduction is a gradient reduction when it is a SUM/AVG of one dense floating tensor (for a reduce-scatter also a
-// PREMUL_SUM by a number) outside a coalescing window, and it is issued
-//  1. inside an FSDP2 parameter group's gradient-reduction scope (stale/FsdpScope.hpp): its stream is the scope;
-//     except HSDP's all-reduce across replicas after a stale reduce-scatter in the same scope (kept fresh);
-//  2. by a DDP communication hook, as the bucket's one reduction of the bucket's size (DdpBucketScope below): its
-//     stream is the bucket. The hook's other reductions (PowerSGD's factors and its uncompressed tensors) are kept
-//     fresh;
-//  3. in a backward pass (autograd graph task), by a parameter's gradient accumulation (the AccumulateGrad node
-//     and its hooks: DDP's reducer, DeepSpeed's and other gradient hooks) or by a final callback of the backward
-//     pass (DDP's static_graph first iteration, FSDP2's root): its stream is its ordinal among such reductions of
-//     this group within the backward pass, with its size and dtype ("backward reduction #k"). Except after DDP's
-//     used-parameter map (find_unused_parameters: a non-floating all-reduce in the backward pass), in that
-//     backward pass and the next: DDP drops a late contribution to a parameter unused on the step it lands.
-// Everything else is kept fresh: outside a backward pass (metrics, TP forward), or in a backward pass by another
-// autograd node (TP's backward all-reduces).
+// PREMUL_SUM by a number) outside a coalescing window, and its owner is proven (stale/Owners.hpp):
+//  1. inside an owner's scope: a DDP communication hook running on a bucket (the hook's one reduction of the
+//     bucket's size; its other reductions, e.g. PowerSGD's factors, are kept fresh), or FSDP1's or FSDP2's
+//     gradient reduction of one flat parameter or parameter group (its first reduction; under HSDP or
+//     HYBRID_SHARD the all-reduce across replicas after a stale reduce-scatter is kept fresh: one stage goes stale);
+//  2. by DDP's reducer (its default hook), recognised from the parameter whose gradient accumulation launched it
+//     (or a joined rank's shadow of that DDP): the reduction of the round's next bucket, of that bucket's size and
+//     dtype. A DDP with find_unused_parameters keeps its buckets fresh: it drops the reduced gradient of a parameter
+//     no rank used in that step, so a late contribution landing there would be lost.
+// The stream is the owner's (its name from the owner: the owner's ordinal, the bucket, the parameters), never an
+// ordinal within a backward pass. Everything else is kept fresh, with the reason: outside a backward pass (metrics,
+// TP forward, an end-of-backward bucket flush delaycomm cannot tell from them), in a backward pass by another
+// autograd node (TP's backward all-reduces), by a parameter of no known owner (DeepSpeed's hooks, a user's), outside
+// any node (final callbacks, compiled autograd graphs), or by a known owner but not as its gradient reduction (a
+// counter all-reduced in a parameter hook).
 //
 // Every rank running the same program decides alike: the decision depends only on the program's sequence of
-// reductions and backward passes, never on timing (NOTE: a future callback may run on the issuing thread or on
-// another one depending on timing, so a hook's callbacks are recognised by the bucket scope, not by the thread).
+// reductions, forwards and scopes, never on timing.
 //
-// Threads: classify() may be called from any thread (its per-group state takes a lock); the scopes are the calling
-// thread's.
+// Threads: classify() on the calling thread of the collective (the scopes and the autograd node are the thread's);
+// the owners' registry takes its own lock.
 class GradientRecognizer {
  public:
   // Why a reduction that staleness could have taken was kept fresh.
   enum class Reason : uint8_t {
-    kGradient = 0,       // not kept fresh: a gradient reduction
-    kNotFloatingSum,     // not a SUM/AVG of one dense floating tensor (or in a coalescing window)
-    kOutsideBackward,    // issued outside a backward pass
-    kOtherAutogradNode,  // in a backward pass, by an autograd node other than a gradient accumulation
-    kUnusedParameters,   // DDP with find_unused_parameters
-    kHsdpReplicas,       // HSDP's all-reduce across replicas after a stale reduce-scatter
-    kCommHookOther,      // a DDP comm hook's reduction other than the bucket's gradient
+    kGradient = 0,        // not kept fresh: a gradient reduction of a known owner
+    kNotFloatingSum,      // not a SUM/AVG of one dense floating tensor (or in a coalescing window)
+    kOutsideBackward,     // issued outside a backward pass
+    kOtherAutogradNode,   // in a backward pass, by an autograd node other than a gradient accumulation
+    kUnusedParameters,    // DDP with find_unused_parameters
+    kHsdpReplicas,        // HSDP's or HYBRID_SHARD's all-reduce across replicas after a stale reduce-scatter
+    kCommHookOther,       // a DDP comm hook's reduction other than the bucket's gradient
+    kNoOwner,             // in a parameter's gradient accumulation, of a parameter no known owner reduces
+    kNoNode,              // in a backward pass outside any node (a final callback, a compiled autograd graph)
+    kNotOwnersReduction,  // in a DDP parameter's gradient accumulation, not the reducer's reduction of its bucket
+    kOwnerOther,          // in an FSDP scope, after the parameter group's gradient reduction
+    kNotConsumed,         // the stream was reduced again before an optimizer step consumed it (StalenessEngine)
   };
-  static constexpr size_t kNumReasons = 7;
+  static constexpr size_t kNumReasons = 12;
 
   struct Decision {
     Reason reason = Reason::kOutsideBackward;
-    std::string stream;  // the stream's name (a gradient reduction): its key is StalenessEngine::scopeKey of it
-    std::string node;    // the autograd node (kOtherAutogradNode), for the warning
+    std::string stream;     // the stream's name (a gradient reduction): its key is StalenessEngine::scopeKey of it
+    int64_t consumer = -1;  // the parameters its result lands on (stale/Owners.hpp)
+    bool shadow = false;    // issued in a join() shadow (the joined rank runs no optimizer step)
+    std::string node;       // the autograd node (kOtherAutogradNode), for the warning
     bool gradient() const { return reason == Reason::kGradient; }
   };
 
-  // structural: the reduction is a SUM/AVG (PREMUL_SUM by a number) of one dense floating tensor outside a
-  // coalescing window; scatter: a reduce-scatter (else an all-reduce).
-  Decision classify(const at::Tensor& t, bool structural, bool scatter);
+  // group: the name of the group the reduction is on. structural: the reduction is a SUM/AVG (PREMUL_SUM by a
+  // number) of one dense floating tensor outside a coalescing window; scatter: a reduce-scatter (else an all-reduce).
+  Decision classify(const std::string& group, const at::Tensor& t, bool structural, bool scatter) const;
 
   // Why, in words, for the one-time warning.
   static const char* explain(Reason reason);
   static const char* name(Reason reason);
-
- private:
-  // Notes that a reduction is issued in backward pass `graphTask` (a new one starts the ordinals again); returns
-  // whether DDP's used-parameter map was reduced in it or in the one before.
-  bool enterLocked(int64_t graphTask);
-
-  std::mutex mutex_;
-  int64_t graphTask_ = -1;    // the backward pass of the last reduction issued in one
-  int64_t ordinal_ = 0;       // gradient reductions so far in it
-  bool usedMapNow_ = false;   // DDP's used-parameter map was all-reduced in it
-  bool usedMapLast_ = false;  // ... in the backward pass before it
 };
-
-// The DDP communication hook being run on this thread (python/delaycomm/_ddp.py wraps every hook registered on a
-// DDP module): the bucket's index and size, and whether its gradient reduction was issued.
-namespace ddp_bucket_scope {
-void enter(int64_t index, int64_t numel);
-void exit();
-}  // namespace ddp_bucket_scope
-
-// A joined rank's shadow of DDP's backward pass (DDP join(): python/delaycomm/_ddp.py marks the calling thread while
-// DDP issues the all-reduces that match the active ranks' buckets and used-parameter map). Its reductions are
-// recognised as in a backward pass of their own, so they are the same streams, with the same keys, as the active
-// ranks' (docs/staleness.md, "Which reductions go stale"). newPass: a new shadow backward pass (else the last one
-// goes on: the used-parameter map after the buckets).
-namespace ddp_join_shadow {
-void enter(bool newPass);
-void exit();
-}  // namespace ddp_join_shadow
 
 }  // namespace delaycomm

@@ -29,6 +29,7 @@ struct StalenessOptions {
   int64_t calibrationWarnCalls = 4096;  // warn once when no key has calibrated after this many calls
   int64_t maxKeys = 1024;               // bound of the key table
   int64_t window = 100;                 // steps of the windowed stale:fresh ratio
+  int64_t probationCalls = 4;           // runtime checks a recognised stream passes before it may defer
   double warnRatio = 0.4;
 
   // Set by the backend from its own options: the group's timeout bounds every wait of the engine (the SSP gate,

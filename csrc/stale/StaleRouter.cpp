@@ -7,6 +7,7 @@
 #include <c10/util/Exception.h>
 
 #include "delay/DelayInjector.hpp"
+#include "stale/Owners.hpp"
 #include "stale/StalenessEngine.hpp"
 
 namespace delaycomm {
@@ -93,19 +94,27 @@ StaleRoute StaleRouter::classify(OpKind op, const std::vector<at::Tensor>& tenso
     route.key = *explicitKey;
     return route;
   }
-  // The recognizer also sees the reductions the engine cannot blend (DDP's integer used-parameter map).
   const at::Tensor t = tensors.size() == 1 ? tensors[0] : at::Tensor();
-  auto decision = recognizer_.classify(t, why == nullptr, scatter);
-  if (!decision.gradient()) {
-    route.whyNot = why != nullptr ? why : GradientRecognizer::explain(decision.reason);
-    route.keptFresh = true;
-    route.reason = decision.reason;
-    route.node = std::move(decision.node);
-    return route;
+  auto decision = recognizer_.classify(engine_.options().groupName, t, why == nullptr, scatter);
+  if (decision.gradient()) {
+    auto admission = engine_.admit(decision.stream, t, scatter, decision.consumer, decision.shadow);
+    if (admission.admitted) {
+      route.stale = true;
+      route.scatter = scatter;
+      route.key = admission.key;
+      route.mayDefer = admission.mayDefer;
+      return route;
+    }
+    if (owners::Scope* scope = owners::innermostScope(); scope != nullptr && scatter) {
+      scope->scatterStale = false;  // kept fresh after all: the replicas' all-reduce after it is the stale stage
+    }
+    decision.reason = GradientRecognizer::Reason::kNotConsumed;
+    route.detail = std::move(admission.detail);
   }
-  route.stale = true;
-  route.scatter = scatter;
-  route.key = engine_.namedKey(decision.stream, t, scatter);
+  route.whyNot = why != nullptr ? why : GradientRecognizer::explain(decision.reason);
+  route.keptFresh = true;
+  route.reason = decision.reason;
+  route.node = std::move(decision.node);
   return route;
 }
 

@@ -27,7 +27,9 @@ struct StaleRoute {
   // The backend counts it (kept_fresh_calls) and warns once per reason.
   bool keptFresh = false;
   GradientRecognizer::Reason reason = GradientRecognizer::Reason::kGradient;
-  std::string node;  // the autograd node that issued it (GradientRecognizer::Reason::kOtherAutogradNode)
+  std::string node;      // the autograd node that issued it (GradientRecognizer::Reason::kOtherAutogradNode)
+  std::string detail;    // the stream and what it had deferred (GradientRecognizer::Reason::kNotConsumed)
+  bool mayDefer = true;  // stale only: false while a recognised stream is on probation (StalenessEngine::admit)
 };
 
 // The one place that decides whether a reduction goes stale, and as which stream: the seam where what counts as a
@@ -38,12 +40,13 @@ struct StaleRoute {
 // The rule: a reduction goes stale when its op can be late at all (the delay schedule is active and the op is
 // among delay_ops: delay_ops=broadcast leaves all-reduces bsp), it is a SUM/AVG of one dense floating tensor
 // outside a coalescing window, or for _reduce_scatter_base also a PREMUL_SUM by a number, and it is a data-parallel
-// gradient reduction (GradientRecognizer, stale/Recognition.hpp) or names an explicit key (stale_allreduce). Its
-// stream is the explicit key, else the recognised stream's (StalenessEngine::namedKey). A reduction that could be
-// late but is not a gradient reduction is kept fresh (keptFresh): it runs the delayed bsp path.
+// gradient reduction of a known owner (GradientRecognizer, stale/Recognition.hpp) that passes the runtime check
+// (StalenessEngine::admit), or names an explicit key (stale_allreduce). Its stream is the explicit key, else the
+// recognised stream's. A reduction that could be late but is not such a gradient reduction is kept fresh
+// (keptFresh): it runs the delayed bsp path.
 //
-// Threads: classify() on the calling thread of the collective (the decision depends on it: FSDP2's scope, the DDP
-// bucket scope and the backward pass are the thread's); it takes the engine's lock only to look up a key.
+// Threads: classify() on the calling thread of the collective (the decision depends on it: the owners' scopes and
+// the autograd node are the thread's); it takes the engine's lock only to admit a recognised stream.
 class StaleRouter {
  public:
   StaleRouter(StalenessEngine& engine, const DelayInjector& injector, int size);

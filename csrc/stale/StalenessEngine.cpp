@@ -12,7 +12,7 @@
 
 #include "delay/Units.hpp"
 #include "kernels/Blend.hpp"
-#include "stale/FsdpScope.hpp"
+#include "stale/Owners.hpp"
 #include "stale/Weights.hpp"
 
 namespace delaycomm {
@@ -37,24 +37,52 @@ StalenessEngine::StalenessEngine(int rank, int size, StalenessOptions options, c
   if (options_.updateStats) {
     stats_->enableUpdateStats();  // stats/UpdateStats.hpp
   }
-  fsdp_scope::acquire();
 }
 
 StalenessEngine::~StalenessEngine() {
   waits_.close();
-  fsdp_scope::release();
 }
 
-uint64_t StalenessEngine::namedKey(const std::string& name, const at::Tensor& t, bool scatter) {
+StalenessEngine::Admission StalenessEngine::admit(const std::string& name, const at::Tensor& t, bool scatter,
+                                                  int64_t consumer, bool shadow) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return keys_.scopedKey(name, t, scatter);
+  Admission a;
+  a.key = keys_.scopedKey(name, t, scatter);
+  KeyTable::Stream& stream = *keys_.find(a.key);
+  stream.consumer = consumer;
+  KeyTable::Watch& w = stream.watch;
+  if (w.fresh) {
+    return a;
+  }
+  if (w.calls > 0 && !shadow && !owners::consumedSince(consumer, w.stepAt)) {
+    w.fresh = true;
+    std::ostringstream detail;
+    detail << keys_.describe(a.key) << ", at its reduction #" << w.calls << "; ";
+    if (w.deferred == 0) {
+      detail << "none of its contributions had gone stale";
+    } else {
+      detail << w.deferred << " of its contributions had gone stale before: those that landed on, or came from, a "
+             << "reduction whose gradient was used differently were applied as gradients of the wrong step (the "
+             << "ones still pending are delivered by flush)";
+    }
+    a.detail = detail.str();
+    return a;
+  }
+  if (w.calls > 0) {
+    ++w.passes;
+  }
+  ++w.calls;
+  w.stepAt = owners::stepCount();
+  a.admitted = true;
+  a.mayDefer = static_cast<int64_t>(w.passes) >= options_.probationCalls;
+  return a;
 }
 
 // ---------------------------------------------------------------------------------------------------------------
 // One step: plan, check, update, weights, blend, record (docs/staleness.md, "The parts")
 
-StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t key, double resultScale,
-                                                         bool scatter) {
+StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t key, double resultScale, bool scatter,
+                                                         bool mayDefer) {
   TORCH_INTERNAL_ASSERT(std::isfinite(resultScale), "delaycomm: stale reduction: the result scale must be finite");
   Warnings warnings;
   std::unique_lock<std::mutex> lock(mutex_);
@@ -63,7 +91,8 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   KeyTable::Stream& stream = keys_.touch(key, t);  // found again: the lock may have been released above
   const uint64_t step = stream.step;
 
-  const StepPlan plan = planStep(schedule_, key, step, stepNs, options_.mode, options_.bound, size_);
+  // A stream on probation plans as before step_ms is known: nothing defers, the delay is paid as under bsp.
+  const StepPlan plan = planStep(schedule_, key, step, mayDefer ? stepNs : 0, options_.mode, options_.bound, size_);
   checkStepLocked(stream, t, key, plan, lock, warnings);
   const std::vector<KeyTable::Arrival> arriving = advanceLocked(stream, t, plan, resultScale, scatter);
   digest_.add(key, t.numel(), t.scalar_type(), scatter);
@@ -157,8 +186,7 @@ void StalenessEngine::checkStepLocked(const KeyTable::Stream& stream, const at::
     TORCH_CHECK_VALUE(t.numel() == stream.numel && t.scalar_type() == stream.prototype.scalar_type(),
                       "delaycomm: stale ", keys_.opText(key), ": ", keys_.describe(key), " changed from ", stream.numel,
                       " x ", stream.prototype.scalar_type(), " to ", t.numel(), " x ", t.scalar_type(),
-                      " while contributions were in flight; give each stream its own key (delaycomm.ddp_hook, "
-                      "delaycomm.stale_allreduce(key=...))");
+                      " while contributions were in flight; give each stream of delaycomm.stale_allreduce its own key");
   }
   const auto timeout = waits_.timeout();
   const auto timeoutNs = std::chrono::duration_cast<std::chrono::nanoseconds>(timeout).count();
@@ -220,6 +248,7 @@ std::vector<KeyTable::Arrival> StalenessEngine::advanceLocked(KeyTable::Stream& 
     if (k > 0) {
       stream.arrivals[step + static_cast<uint64_t>(k)].push_back(KeyTable::Arrival{static_cast<int>(r), k});
       stream.pendingOf[r] += keep ? 1 : 0;
+      ++stream.watch.deferred;
     }
   }
   std::vector<KeyTable::Arrival> arriving;
@@ -385,9 +414,9 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
         Error, c10::str(where, "the ranks' stale bookkeeping differs: ", divergence,
                         ". The ranks would disagree on which reductions flush issues, and they disagreed on who was "
                         "late at the steps where their streams differ. Every rank must make the same stale "
-                        "reductions in the same order (docs/staleness.md, \"Divergence\"): key the streams "
-                        "explicitly (ddp_hook, stale_allreduce(key=...)) where storage identity differs across "
-                        "ranks. Every rank raises this error; nothing was flushed"));
+                        "reductions in the same order (docs/staleness.md, \"Divergence\"): the ranks ran different "
+                        "programs, or made different stale_allreduce calls. Every rank raises this error; nothing "
+                        "was flushed"));
   }
 
   std::lock_guard<std::mutex> lock(mutex_);
@@ -405,15 +434,16 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
     }
     std::vector<at::Tensor> deferred;
     for (auto& d : stream->mine) {
-      deferred.push_back(std::move(d.tensor));
+      deferred.push_back(d.tensor.view({-1}));
     }
     stream->mine.clear();
     const double scale = flushScale(options_.policy, size_, global, stream->resultScale);
-    at::Tensor local =
-        deferred.empty() ? at::empty({stream->numel}, stream->prototype.options()) : at::empty_like(deferred[0]);
+    // Flat, whatever this rank's stashes' shapes: every rank returns the same shape for the stream.
+    at::Tensor local = at::empty({stream->numel}, stream->prototype.options());
     kernels::fusedBlend(local, 0.0, deferred, std::vector<double>(deferred.size(), scale), std::nullopt);
     counters.stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
-    out.push_back(FlushStream{agreed.key, std::move(local), stream->scatter});
+    out.push_back(FlushStream{agreed.key, std::move(local), stream->scatter, stream->consumer,
+                              agreed.key < kExplicitKeyLimit ? std::string() : stream->scope});
   }
   return out;
 }

@@ -55,7 +55,7 @@ namespace delaycomm {
 // it); at most maxKeys keys.
 class StalenessEngine {
  public:
-  static constexpr uint64_t kIdentityKeyBase = KeyTable::kIdentityKeyBase;
+  static constexpr uint64_t kExplicitKeyLimit = KeyTable::kExplicitKeyLimit;
   static constexpr uint64_t kScopeKeyBase = KeyTable::kScopeKeyBase;
 
   // What prepareScaled() decided for one step (exposed for telemetry and tests).
@@ -75,12 +75,24 @@ class StalenessEngine {
   };
 
   // One stream that flush delivers: this rank's local sum of its own pending contributions (zeros when it has
-  // none), scaled as the policy delivers them when no fresh contribution is present and by the stream's result
-  // scale. SUM-reducing `local` (all-reduce; reduce-scatter when `scatter`: each rank keeps its shard) delivers it.
+  // none), flat (the stream's numel elements, the same shape on every rank), scaled as the policy delivers them when
+  // no fresh contribution is present and by the stream's result scale. SUM-reducing `local` (all-reduce;
+  // reduce-scatter when `scatter`: each rank keeps its shard) delivers it. consumer: the parameters it lands on
+  // (stale/Owners.hpp; -1 for an explicit key); name: the recognised stream's name (empty for an explicit key).
   struct FlushStream {
     uint64_t key;
     at::Tensor local;
     bool scatter;
+    int64_t consumer = -1;
+    std::string name;
+  };
+
+  // What admit() decided for one recognised gradient reduction.
+  struct Admission {
+    uint64_t key = 0;
+    bool admitted = false;  // false: kept fresh by the runtime check (GradientRecognizer::Reason::kNotConsumed)
+    bool mayDefer = false;  // the stream has passed its probation: this step may defer
+    std::string detail;     // when the check first failed: the stream and what it had deferred, for the warning
   };
 
   // options: validated by delaycomm._config (the engine asserts what it relies on), timeout and groupName set.
@@ -92,10 +104,14 @@ class StalenessEngine {
 
   const StalenessOptions& options() const { return options_; }
 
-  // The key of the recognised stream `name` (stale/Recognition.hpp: an FSDP2 scope, a DDP bucket, a backward
-  // pass's ordinal) reduced with tensors like `t`: scopeKey of it, registered for describeKey.
-  uint64_t namedKey(const std::string& name, const at::Tensor& t, bool scatter);
-  // Explicit keys (< kIdentityKeyBase) need no lookup; the table creates their stream at their first step.
+  // The key of the recognised stream `name` (stale/Recognition.hpp: a DDP bucket, an FSDP parameter group, named
+  // by its owner) reduced with tensors like `t`, and the runtime check of that stream (docs/staleness.md, "The
+  // runtime check"): since its last reduction, an optimizer step must have consumed every parameter of `consumer`
+  // (stale/Owners.hpp), unless `shadow` (a joined rank's shadow of DDP's backward pass: no optimizer runs there).
+  // A stream that fails is kept fresh from then on; one that has passed fewer than probationCalls times defers
+  // nothing yet. Every rank decides alike: the check reads the program's sequence of reductions and optimizer steps.
+  Admission admit(const std::string& name, const at::Tensor& t, bool scatter, int64_t consumer, bool shadow);
+  // Explicit keys (< kExplicitKeyLimit) need no lookup; the table creates their stream at their first step.
   static uint64_t scopeKey(const std::string& scope, int64_t numel, c10::ScalarType dtype, bool scatter) {
     return KeyTable::scopeKey(scope, numel, dtype, scatter);
   }
@@ -103,10 +119,8 @@ class StalenessEngine {
   // Rewrites `t` in place into this rank's contribution to key's next step; the caller then SUM-reduces it.
   // resultScale: the stream's result is multiplied by it (1 / N for AVG, f for PREMUL_SUM(f)); scatter: the caller
   // SUM-reduce-scatters `t` (the full input) and flush delivers the key by reduce-scatter.
-  StepInfo prepareScaled(at::Tensor& t, uint64_t key, double resultScale, bool scatter);
-  StepInfo prepare(at::Tensor& t, uint64_t key, bool average) {
-    return prepareScaled(t, key, average ? 1.0 / static_cast<double>(size_) : 1.0, /*scatter=*/false);
-  }
+  // mayDefer: false while a recognised stream is on probation (admit()): the step pays its delay as under bsp.
+  StepInfo prepareScaled(at::Tensor& t, uint64_t key, double resultScale, bool scatter, bool mayDefer = true);
 
   // flush (collective: every rank calls it at the same point). First the ranks agree through the store that their
   // stale bookkeeping is the same (the same sequence of stale reductions, the same streams pending): when it is

@@ -26,7 +26,7 @@ namespace {
 
 // The advice every calibration error ends with.
 constexpr const char* kCalibrationAdvice =
-    "Key the streams explicitly (ddp_hook, stale_allreduce(key=...)) or set step_ms (DELAYCOMM_STEP_MS)";
+    "Make the same gradient reductions on every rank, or set step_ms (DELAYCOMM_STEP_MS)";
 
 }  // namespace
 
@@ -99,9 +99,9 @@ int64_t StepClock::agree(const Proposal& p) const {
   }
   agreement_->holdStoreUntilRead(round, records);
   C10_THROW_ERROR(Error, c10::str(where, "the ranks calibrated step_ms=auto on different streams (", proposals.str(),
-                                  "): their all-reduce sequences differ, so they would disagree on who is late. "
-                                  "Plain all_reduce calls are keyed by tensor storage, which can differ across "
-                                  "ranks. ",
+                                  "): their sequences of gradient reductions differ (the ranks run different "
+                                  "programs, or make different stale_allreduce calls), so they would disagree on "
+                                  "who is late. ",
                                   kCalibrationAdvice));
 }
 
@@ -123,11 +123,10 @@ std::optional<std::string> StepClock::notEngagedWarning(uint64_t calls, const Ke
   msg << "delaycomm: staleness on group '" << options_.groupName << "' has not engaged after " << calls
       << " all-reduces: step_ms=auto is measured on the first stream (key) called " << options_.calibrationSteps + 1
       << " times, and no stream was (of the " << keys.size() << " keys tracked, the most called was called " << most
-      << " times), so every all-reduce ran fresh. Plain all_reduce calls are keyed by their tensor's storage, "
-         "which changes when the tensor is new on every call: key the stream explicitly (for DDP, "
-         "ddp.register_comm_hook(None, delaycomm.ddp_hook); otherwise delaycomm.stale_allreduce(tensor, "
-         "key=...)), or set step_ms (DELAYCOMM_STEP_MS) so that no calibration is needed. See "
-         "docs/staleness.md";
+      << " times), so every all-reduce ran fresh. Only the gradient reductions of a recognised owner (DDP's buckets, "
+         "FSDP's parameter groups) and explicit keys (delaycomm.stale_allreduce(tensor, key=...)) are streams; the "
+         "one-time 'kept fresh' warnings and kept_fresh_calls say why the others are not. Set step_ms "
+         "(DELAYCOMM_STEP_MS) so that no calibration is needed. See docs/staleness.md";
   return msg.str();
 }
 

@@ -71,14 +71,23 @@ def finish(args: argparse.Namespace, front_end: str, params, versions: dict[str,
 
         if doc["backend"] == "delaycomm":
             delaycomm.flush()  # a no-op under bsp; under ssp/asp it delivers what is still in flight
-        calls = delayed = 0
+        calls = delayed = stale = kept_fresh = 0
         ops: dict[str, int] = {}
         for group in delaycomm.stats()["groups"].values():
             for op, o in group["ops"].items():
                 calls += o["calls"]
                 delayed += o["delayed_calls"]
+                stale += o["stale_calls"]
+                kept_fresh += o["kept_fresh_calls"]
                 ops[op] = ops.get(op, 0) + o["calls"]
-        doc["delaycomm"] = {"calls": calls, "delayed_calls": delayed, "ops": ops, "version": delaycomm.__version__}
+        doc["delaycomm"] = {
+            "calls": calls,
+            "delayed_calls": delayed,
+            "stale_calls": stale,
+            "kept_fresh_calls": kept_fresh,
+            "ops": ops,
+            "version": delaycomm.__version__,
+        }
     if args.out:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:

@@ -4,6 +4,10 @@ yourself and leave ddp_backend unset; the Trainer takes the group as it finds it
     python -m torch.distributed.run --standalone --nproc_per_node 2 examples/ecosystem/trainer_job.py
 
 --way ddp_backend is the Trainer's own way, TrainingArguments(ddp_backend="delaycomm"), which it refuses.
+--find-unused-parameters false passes TrainingArguments(ddp_find_unused_parameters=False): the recipe for
+staleness (docs/ecosystem.md, "Staleness under the Trainer"); by default the Trainer passes True for a model that is
+not a PreTrainedModel with activation checkpointing on, and delaycomm then keeps DDP's buckets fresh.
+--static-graph passes TrainingArguments(ddp_static_graph=True), the other recipe (find_unused_parameters may stay).
 """
 
 from __future__ import annotations
@@ -31,9 +35,23 @@ class Classifier(torch.nn.Module):
         return {"loss": torch.nn.functional.cross_entropy(logits, labels), "logits": logits}
 
 
+def _add_args(parser) -> None:
+    parser.add_argument(
+        "--find-unused-parameters",
+        choices=("default", "true", "false"),
+        default="default",
+        help="TrainingArguments(ddp_find_unused_parameters=...) (default: left unset, the Trainer's default)",
+    )
+    parser.add_argument("--static-graph", action="store_true", help="TrainingArguments(ddp_static_graph=True)")
+
+
 def main() -> None:
-    args = common.parse_args(__doc__, ways=("recipe", "ddp_backend"))
+    args = common.parse_args(__doc__, ways=("recipe", "ddp_backend"), add=_add_args)
     extra = {}
+    if args.find_unused_parameters != "default":
+        extra["ddp_find_unused_parameters"] = args.find_unused_parameters == "true"
+    if args.static_graph:
+        extra["ddp_static_graph"] = True
     if args.way == "ddp_backend":
         extra["ddp_backend"] = args.backend
     else:

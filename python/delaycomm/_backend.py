@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ddp, _nccl, _registry
+from delaycomm import _C, _ddp, _fsdp, _nccl, _ops, _owners, _registry
 from delaycomm._agree import agree
 from delaycomm._config import OPTIONS, EffectiveConfig, GroupView, format_value, group_seed, invalid_value, resolve
 from delaycomm._stats import file as statsfile
@@ -74,7 +74,10 @@ def create_backend(dist_opts, pg_options):
     _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)))
     _fill_stale_options(native, cfg, store)
     if cfg.staleness != "bsp":
-        _ddp.install()  # DDP hooks run in their bucket's scope (docs/staleness.md, "Which reductions go stale")
+        # The owners of gradient reductions (docs/staleness.md, "Which reductions go stale").
+        _owners.install()
+        _ddp.install()
+        _fsdp.install()
     elif cfg.update_stats:
         warnings.warn(
             "delaycomm: update_stats=1 measures the steps of the staleness engine, and staleness='bsp' has none: "

@@ -3,12 +3,14 @@
 The math lives in the native StalenessEngine (csrc/stale/); these functions only find the group's backend.
 """
 
+import warnings
+
 import torch
 import torch.distributed as dist
 
-from delaycomm._registry import backend_of
+from delaycomm._registry import backend_of, live_backends
 
-__all__ = ["ddp_hook", "stale_allreduce", "flush"]
+__all__ = ["ddp_hook", "stale_allreduce", "flush", "FlushResult"]
 
 
 def _backend(group):
@@ -46,11 +48,16 @@ def stale_allreduce(tensor: torch.Tensor, key: int, group=None, average: bool = 
 
 
 def ddp_hook(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP communication hook: averages each bucket as its own stale stream, keyed by ``bucket.index()``.
+    """DDP communication hook: averages each bucket, as DDP's default does, as a stale stream of its own.
 
-    Use it when storage identity is not a reliable key (the default for plain ``all_reduce`` calls)::
+    Register it as any hook::
 
         ddp.register_comm_hook(state=None, hook=delaycomm.ddp_hook)
+
+    The stream is the bucket of this DDP module (``DDP #i bucket #b (comm hook, params ...)``: the module's ordinal,
+    the bucket and its parameters), so two DDP modules on one group never share a stream. Plain DDP, without a hook,
+    goes stale the same way (docs/staleness.md, "Which reductions go stale"); the hook is for scripts that register
+    one. Under ``bsp``, or where the bucket cannot be recognised, the bucket is averaged fresh, with its delay.
 
     Args:
         process_group: the DDP state: a delaycomm process group, or None for the world.
@@ -60,19 +67,90 @@ def ddp_hook(process_group, bucket) -> torch.futures.Future[torch.Tensor]:
         A future completing with the bucket's averaged tensor.
     """
     tensor = bucket.buffer()
-    work = _backend(process_group).stale_allreduce(tensor, int(bucket.index()), True)
+    work = _backend(process_group).stale_allreduce(tensor, None, True)
     return work.get_future().then(lambda fut: fut.value()[0])
 
 
-def flush(group=None) -> dict[int, torch.Tensor]:
+class FlushResult(dict):
+    """What :func:`flush` delivered: ``{key: tensor}`` per stream (a dict, as before), and per parameter.
+
+    Attributes:
+        grads: ``{parameter: gradient}``: each pending contribution as the gradient of the parameter it belongs to,
+            shaped like that parameter's ``.grad`` on this rank (a DTensor for FSDP2's parameters; the local flat
+            shard for FSDP1's), consumed as its owner consumes the stream (DDP's buckets, FSDP's post-divide, dtype
+            and shards, HSDP's and HYBRID_SHARD's all-reduce across replicas).
+        unapplied: the streams whose consumer delaycomm does not know (``stale_allreduce`` keys, a DDP
+            communication hook other than torch's and ``ddp_hook``): their sums are in the dict only.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.grads: dict[torch.Tensor, torch.Tensor] = {}
+        self.unapplied: list[str] = []
+        self._consumers: dict[torch.Tensor, object] = {}
+
+    def apply(self) -> None:
+        """Add every pending gradient into its parameter's ``.grad`` (creating it where it is None)."""
+        for param, grad in self.grads.items():
+            self._consumers[param].add_to_grad(param, grad)
+
+
+def flush(group=None, *, into_grad: bool = False) -> FlushResult:
     """Deliver every stale contribution still pending (collective: every rank calls it at the same point).
 
     Args:
-        group: a delaycomm process group (default: the world).
+        group: a delaycomm process group; None (the default): every delaycomm group this rank belongs to, in the
+            order they were created.
+        into_grad: add the pending gradients into the parameters' ``.grad`` (``FlushResult.apply()``), e.g. before
+            a last ``optimizer.step()``.
 
     Returns:
-        ``{key: delivered sum}`` for each key that had anything pending on any rank (what the next steps would
-        have added, scaled as the stream is: divided by the group size for AVG streams such as ``ddp_hook``'s);
-        empty under ``bsp``, under ``stale_policy=drop`` (nothing is kept) or when nothing is pending.
+        A :class:`FlushResult`: ``{key: delivered sum}`` for each stream that had anything pending on any rank (what
+        its next steps would have added, flat, the same shape on every rank: an all-reduce stream's sum, or this
+        rank's shard of a reduce-scatter stream's; scaled as the stream is: divided by the group size for AVG
+        streams), and ``.grads``, the same per parameter. Empty under ``bsp``, under ``stale_policy=drop`` (nothing
+        is kept) or when nothing is pending.
+
+    Raises:
+        RuntimeError: the ranks' stale bookkeeping differs (docs/staleness.md, "Divergence"), on every rank.
+        torch.distributed.DistBackendError: a rank did not call flush within the group's timeout.
     """
-    return dict(_backend(group).flush())
+    from delaycomm import _owners
+
+    if group is not None:
+        backends = [(getattr(group, "group_name", ""), _backend(group))]
+    else:
+        backends = [(name, b) for name, (b, cfg) in live_backends().items() if cfg.staleness != "bsp"]
+    result = FlushResult()
+    pending: dict[int, torch.Tensor] = {}
+    for _, backend in backends:
+        for key, tensor, consumer, scatter, name in backend.flush():
+            result[key] = tensor
+            c = _owners.consumer_of(consumer) if consumer >= 0 else None
+            if c is None or not c.applies:
+                result.unapplied.append(name or f"key {key}")
+                continue
+            pending[c.id] = pending.get(c.id, 0) + tensor
+            c.flushed_scatter = scatter
+    flushed = {name for name, _ in backends}
+    for c in _owners.consumers():
+        if group is not None and c.shard_group_name not in flushed:
+            continue  # its shard group is not flushed now
+        reduced = c.replica_reduce(pending.get(c.id))  # HSDP / HYBRID_SHARD: collective on every rank
+        if reduced is not None:
+            pending[c.id] = reduced
+    for cid, tensor in pending.items():
+        c = _owners.consumer_of(cid)
+        for param, grad in c.grads(tensor, getattr(c, "flushed_scatter", False)):
+            result.grads[param] = result.grads[param] + grad if param in result.grads else grad
+            result._consumers[param] = c
+    if into_grad:
+        if result.unapplied:
+            warnings.warn(
+                f"delaycomm: flush(into_grad=True): {len(result.unapplied)} stream(s) have no consumer delaycomm "
+                f"knows, so their pending sums are returned but not applied: {', '.join(result.unapplied)}",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        result.apply()
+    return result

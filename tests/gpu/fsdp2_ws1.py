@@ -4,8 +4,9 @@
 
 1. An FSDP2 (fully_shard) training loop of the DDP test's model: at world size 1 FSDP2 issues no collective (it
    copies instead of reduce-scattering), so this shows that FSDP2 runs on delaycomm's group and trains.
-2. The stale reduce-scatter as FSDP2 issues it at world size > 1: reduce_scatter_single inside FSDP2's reduction
-   scope, a new input every step, on the device: the fused blend kernel and the inner backend's reduce-scatter.
+2. The stale reduce-scatter as FSDP2 issues it at world size > 1: reduce_scatter_single inside the owner scope
+   delaycomm opens around FSDP2's reduction of one parameter group, a new input every step, on the device: the
+   fused blend kernel and the inner backend's reduce-scatter.
    With integer-valued inputs, sum(outputs) + flush() equals sum(inputs) exactly under stale_policy=apply.
 
 delaycomm is configured by DELAYCOMM_* variables. Prints ``JSON{...}``: losses, the stream's conservation error,
@@ -21,11 +22,11 @@ import os
 import torch
 import torch.distributed as dist
 from torch.distributed.fsdp import fully_shard
-from torch.profiler import record_function
 
 import delaycomm
+from delaycomm._owners import reduction_scope
 
-SCOPE = "FSDP::post_backward_reduce (layers.0)"
+SCOPE = "FSDP2 params 0-1 (layers.0.weight +1)"
 
 
 def main() -> None:
@@ -65,7 +66,7 @@ def main() -> None:
         inp = torch.randint(-8, 9, (shard * world,), generator=gen, device=dev).float()
         total_in += inp.double()
         out = torch.empty(shard, device=dev)
-        with record_function(SCOPE):
+        with reduction_scope(SCOPE):  # as delaycomm scopes FSDP2's reduction of one parameter group
             dist.reduce_scatter_single(out, inp)
         total_out += out.double()
     flushed = delaycomm.flush()

@@ -194,7 +194,7 @@ def test_no_stream_recurs_enough_to_calibrate_warns_once():
         text = out["warnings"][0]
         for name in (
             "has not engaged after 4096 all-reduces",
-            "ddp_hook",
+            "kept_fresh_calls",
             "stale_allreduce(tensor, key=",
             "DELAYCOMM_STEP_MS",
         ):

@@ -16,8 +16,9 @@ pytestmark = [pytest.mark.multiproc]
 STEP_MS = 10.0
 
 
-def reference(world, grads, delays_ns, policy, mode, bound, alpha, average):
+def reference(world, grads, delays_ns, policy, mode, bound, alpha, average, first_deferrable=1):
     """docs/staleness.md's model in NumPy. grads[t][r]: rank r's fresh gradient at step t; delays_ns[t][r]: its delay.
+    Steps before first_deferrable defer nothing (a stream's first step; a recognised stream's probation).
 
     Returns (outputs[t], pending) where pending lists the contributions not delivered by the last step.
     """
@@ -27,7 +28,7 @@ def reference(world, grads, delays_ns, policy, mode, bound, alpha, average):
     for t, (g_t, d_t) in enumerate(zip(grads, delays_ns)):
         ks = []
         for r in range(world):
-            d = d_t[r] if t >= 1 else 0
+            d = d_t[r] if t >= first_deferrable else 0
             k = math.ceil(d / step_ns) if d > 0 else 0
             if mode == "ssp" and k > bound:
                 k = bound

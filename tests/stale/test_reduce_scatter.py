@@ -1,10 +1,11 @@
 """Stale reduce-scatter (FSDP2's reduction) against the independent NumPy model of tests/stale/test_engine.py.
 
 Ranks are threads over one store (tests/harness), each with the real DelayBackend over a real Gloo group. The
-reductions are issued as FSDP2 issues them: ``reduce_scatter_single`` inside
-``record_function("FSDP::post_backward_reduce (<fqn>)")``, the scope whose name keys the stream
-(docs/staleness.md, "Keys for reduce-scatter"). The blend is elementwise, so rank r's output at step t is shard r
-of the all-reduce model's result; flush() delivers each rank its shard of what is still pending.
+reductions are issued as FSDP2 issues them: ``reduce_scatter_single`` inside the owner scope that delaycomm opens
+around FSDP's reduction of one parameter group (``delaycomm._owners.reduction_scope``), whose name keys the stream
+(docs/staleness.md, "Keys for reduce-scatter"). A recognised stream defers nothing on its first PROBATION steps (its
+runtime check: docs/staleness.md, "The runtime check"). The blend is elementwise, so rank r's output at step t is
+shard r of the all-reduce model's result; flush() delivers each rank its shard of what is still pending.
 """
 
 from __future__ import annotations
@@ -13,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
-from torch.profiler import record_function
 
 import delaycomm
 from delaycomm import _C
+from delaycomm._owners import reduction_scope
 from tests.harness import run_threads
 from tests.stale.test_engine import STEP_MS, reference
 
@@ -26,7 +27,8 @@ pytestmark = [
 ]
 
 SHARD = 19  # elements of each rank's output shard (odd: no vector-width coincidence)
-SCOPE = "FSDP::post_backward_reduce (layers.0)"
+SCOPE = "FSDP2 params 0-1 (layers.0.weight +1)"
+PROBATION = 4  # StalenessOptions::probationCalls
 SEED = 5
 FRACTION = 0.4
 
@@ -67,7 +69,7 @@ def _run_stream(ctx, policy, staleness, steps, dtype, delay, kind):
         inp = torch.from_numpy(_grad(t, ctx.rank, n)).to(dtype)
         ins.append(inp.double().numpy())
         out = torch.empty(SHARD, dtype=dtype)
-        with record_function(SCOPE):
+        with reduction_scope(SCOPE):
             dist.reduce_scatter_single(out, inp, op=op, group=g)
         outs.append(out.double().numpy())
     flushed = {k: v.double().numpy() for k, v in delaycomm.flush(g).items()}
@@ -105,8 +107,12 @@ def test_reduce_scatter_matches_numpy_model_on_every_rank(policy, staleness, wor
     mode, _, bound = staleness.partition(":")
     delays = _delays(world, steps, delay, key)
     if world == 2:  # the schedule has a step at which every rank is late (n_fresh = 0), for every policy
-        assert any(all(d > 0 for d in row) for row in delays[1:]), "no step with n_fresh = 0: choose another seed"
-    ref, pending = reference(world, grads, delays, policy, mode, int(bound or 0), 0.1, kind == "avg")
+        assert any(all(d > 0 for d in row) for row in delays[PROBATION:]), (
+            "no step with n_fresh = 0: choose another seed"
+        )
+    ref, pending = reference(
+        world, grads, delays, policy, mode, int(bound or 0), 0.1, kind == "avg", first_deferrable=PROBATION
+    )
     scale = _op(kind)[1] or 1.0
     tol = {torch.float32: 1e-5, torch.bfloat16: 3e-2}[dtype]
     for rank, out in enumerate(results):
@@ -155,7 +161,7 @@ def _conservation(ctx, staleness, steps):
             total_in += torch.from_numpy(np.random.default_rng(7 * t + r).standard_normal(n))
         inp = torch.from_numpy(np.random.default_rng(7 * t + ctx.rank).standard_normal(n))
         out = torch.empty(SHARD, dtype=torch.float64)
-        with record_function(SCOPE):
+        with reduction_scope(SCOPE):
             dist.reduce_scatter_single(out, inp, op=dist.ReduceOp.AVG, group=g)
         total_out += out
     for shard in delaycomm.flush(g).values():
@@ -210,7 +216,7 @@ def _hsdp(ctx, delay_ops):
     )
     shard, replicas = ctx.group(**opts), ctx.group(**opts)  # HSDP's two stages: two groups, one scope
     out = torch.empty(2)
-    with record_function(SCOPE):
+    with reduction_scope(SCOPE):
         dist.reduce_scatter_single(out, torch.ones(2 * ctx.world_size), group=shard)
         dist.all_reduce(out, group=replicas)
     return delaycomm.stats(replicas)["staleness"]["keys"], delaycomm.stats(replicas)["ops"]["allreduce"]
@@ -236,7 +242,7 @@ def _replicate_scope(ctx, steps):
     total = 0.0
     for _ in range(steps):
         t = torch.ones(3)
-        with record_function("FSDP::post_backward_reduce"):  # FSDP2's root group: no fqn
+        with reduction_scope("FSDP2 params 0 (weight)"):
             dist.all_reduce(t, group=g)
         total += t.sum().item()
     total += sum(v.sum().item() for v in delaycomm.flush(g).values())

@@ -6,7 +6,7 @@
 delaycomm is configured only through DELAYCOMM_* variables; every other option keeps its default.
 
 --metric-first  all_reduce a metric (the number of samples) before training, as many scripts do.
---hook          register delaycomm.ddp_hook (each bucket an AVG stream keyed by its index).
+--hook          register delaycomm.ddp_hook (each bucket an AVG stream of this DDP module).
 --record DIR    also keep a running-statistics buffer that is all_reduced (SUM) every step, and save this rank's
                 contributions and the outputs of every bucket reduction and of that buffer, and what flush()
                 delivered, to DIR/rank<r>.pt: the test checks that nothing was lost or counted twice.
@@ -87,7 +87,7 @@ def main() -> None:
                 "buckets": buckets,
                 "sum_in": sums_in,
                 "sum_out": sums_out,
-                "flushed": flushed,
+                "flushed": dict(flushed),
                 "world": dist.get_world_size(),
             },
             os.path.join(args.record, f"rank{rank}.pt"),

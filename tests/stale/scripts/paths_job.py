@@ -8,8 +8,8 @@ Each path trains a small float64 regression model for --steps steps on a process
 path calibrates step_ms=auto on its own, and its stats are its own), then calls delaycomm.flush() as a user would
 at the end of training, and writes DIR/<path>.rank<r>.pt: the losses, the stats of its group(s), and for the
 data-parallel paths the sum over the steps of the gradients each rank computed (its contributions) and of the
-gradients DDP delivered, with what flush() delivered mapped back onto the parameters. delaycomm is configured only
-through DELAYCOMM_* variables; every other option keeps its default.
+gradients DDP delivered, with what flush() delivered per parameter (FlushResult.grads, as a user applies it).
+delaycomm is configured only through DELAYCOMM_* variables; every other option keeps its default.
 
 Paths (2 ranks unless noted): ddp, tiny (1 KiB buckets), unused (find_unused_parameters, a head used on odd steps
 only), static (static_graph), nosync (no_sync accumulation over 2 micro-batches), view (gradient_as_bucket_view),
@@ -75,18 +75,22 @@ def group_stats(group) -> dict:
     return delaycomm.stats(group)
 
 
-def bucket_layout(ddp: DDP) -> list[list[torch.nn.Parameter]]:
-    """DDP's buckets (after its rebuild), each as its parameters in buffer order."""
-    return [b.parameters() for b in ddp.reducer._get_zeros_like_grad_buckets()]
-
-
-def map_flush(flushed: dict, layout, params) -> dict[int, torch.Tensor]:
-    """flush()'s tensors mapped onto parameters by the bucket of the same size (index into params -> tensor)."""
+def on_params(result, params, hook_layout) -> dict[int, torch.Tensor]:
+    """What flush() delivered, per parameter (index into params -> tensor), as a user applies it: its ``grads``; a
+    user's own comm hook's buckets (flush() cannot know how a hook uses its result: ``unapplied``) mapped by the hook's
+    owner, who knows the bucket layout its hook saw (``hook_layout``: GradBucket.parameters() of each bucket)."""
     out = {}
+    for p, g in result.grads.items():
+        i = next(j for j, q in enumerate(params) if q is p)
+        out[i] = out.get(i, 0) + g.double()
+    if not result.unapplied:
+        return out
+    assert hook_layout, f"flush left streams unapplied on a path without a hook of the user's own: {result.unapplied}"
+    assert not result.grads, "a path whose hook is the user's own has nothing flush() could apply"
     by_size = {}
-    for bucket in layout:
+    for bucket in hook_layout.values():
         by_size.setdefault(sum(p.numel() for p in bucket), []).append(bucket)
-    for t in flushed.values():
+    for t in result.values():
         candidates = by_size.get(t.numel(), [])
         assert len(candidates) == 1, f"flush delivered {t.numel()} elements: no single bucket of that size"
         offset = 0
@@ -112,6 +116,7 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
     # The reference copy computes this rank's own gradient (its contribution) at the same parameters.
     local = TwoHeads() if path == "unused" else make_model()
     ddp = DDP(model, **kwargs)
+    hook_layout: dict[int, list[torch.Tensor]] = {}
     if path in ("fp16", "bf16"):
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -120,6 +125,7 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
         else:
             # DDP refuses bf16_compress_hook itself without CUDA or XPU; a user's hook runs its body on CPU.
             def bf16_hook(process_group, bucket):
+                hook_layout[bucket.index()] = bucket.parameters()
                 return default_hooks._compress_hook(torch.bfloat16, process_group, bucket)
 
             ddp.register_comm_hook(group, bf16_hook)
@@ -172,8 +178,9 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
                     d += p.grad
             opt.step()
             losses.append(float(loss.detach()))
-    flushed = dict(delaycomm.flush(group))
-    flush_on_params = map_flush(flushed, bucket_layout(ddp), params) if flushed else {}
+    result = delaycomm.flush(group)
+    flushed = dict(result)
+    flush_on_params = on_params(result, params, hook_layout)
     return {
         "losses": losses,
         "contributed": contributed,

@@ -1,0 +1,209 @@
+// The owners of gradient reductions (stale/Owners.hpp; docs/staleness.md, "Which reductions go stale").
+
+#include "stale/Owners.hpp"
+
+#include <map>
+#include <mutex>
+#include <unordered_map>
+
+#include <ATen/ATen.h>
+
+namespace delaycomm::owners {
+
+namespace {
+
+struct ParamEntry {
+  explicit ParamEntry(c10::weak_intrusive_ptr<c10::TensorImpl> r) : ref(std::move(r)) {}
+  c10::weak_intrusive_ptr<c10::TensorImpl> ref;
+  uint64_t lastStep = 0;  // the optimizer step count after the last step that consumed it (0: never)
+  int64_t ddp = -1;       // the DDP whose reducer holds it, and its bucket there
+  int64_t bucket = -1;
+};
+
+struct ConsumerEntry {
+  std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> params;
+};
+
+struct DdpEntry {
+  std::string group;
+  std::vector<DdpBucket> buckets;
+  bool dynamicUnused = false;
+  bool ownReducer = true;
+  size_t next = 0;  // the bucket the reducer launches next in this round
+};
+
+std::mutex ownersMutex;
+std::unordered_map<const c10::TensorImpl*, ParamEntry> paramTable;
+std::vector<ConsumerEntry> consumerTable;
+std::map<int64_t, DdpEntry> ddpTable;
+uint64_t optimizerSteps = 0;
+
+thread_local std::vector<Scope> tlsOwnerScopes;
+thread_local std::vector<int64_t> tlsShadows;
+
+// The live entry of `impl` (a dead tensor's entry at a reused address is dropped), or nullptr.
+ParamEntry* liveParamEntry(const c10::TensorImpl* impl) {
+  auto it = paramTable.find(impl);
+  if (it == paramTable.end()) {
+    return nullptr;
+  }
+  if (it->second.ref.expired()) {
+    paramTable.erase(it);
+    return nullptr;
+  }
+  return &it->second;
+}
+
+ParamEntry& paramEntryOf(const at::Tensor& t) {
+  c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+  if (ParamEntry* e = liveParamEntry(impl)) {
+    return *e;
+  }
+  return paramTable.emplace(impl, ParamEntry(c10::weak_intrusive_ptr<c10::TensorImpl>(t.getIntrusivePtr())))
+      .first->second;
+}
+
+}  // namespace
+
+int64_t addConsumer(const std::vector<at::Tensor>& ps) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  ConsumerEntry c;
+  for (const auto& p : ps) {
+    paramEntryOf(p);
+    c.params.emplace_back(p.getIntrusivePtr());
+  }
+  consumerTable.push_back(std::move(c));
+  return static_cast<int64_t>(consumerTable.size()) - 1;
+}
+
+void optimizerStepped(const std::vector<at::Tensor>& ps) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  ++optimizerSteps;
+  for (const auto& p : ps) {
+    paramEntryOf(p).lastStep = optimizerSteps;
+  }
+}
+
+uint64_t stepCount() {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  return optimizerSteps;
+}
+
+bool consumedSince(int64_t consumer, uint64_t since) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  if (consumer < 0 || consumer >= static_cast<int64_t>(consumerTable.size())) {
+    return false;
+  }
+  for (const auto& weak : consumerTable[static_cast<size_t>(consumer)].params) {
+    const auto strong = weak.lock();
+    const ParamEntry* e = strong ? liveParamEntry(strong.get()) : nullptr;
+    if (e == nullptr || e->lastStep <= since) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void enterScope(Scope scope) {
+  if (scope.kind == ScopeKind::kDdpShadow) {
+    tlsShadows.push_back(scope.ddp);
+  }
+  tlsOwnerScopes.push_back(std::move(scope));
+}
+
+bool exitScope() {
+  if (tlsOwnerScopes.empty()) {
+    return false;
+  }
+  const Scope& s = tlsOwnerScopes.back();
+  const bool scatterStale = s.scatterStale;
+  if (s.kind == ScopeKind::kDdpShadow && !tlsShadows.empty()) {
+    tlsShadows.pop_back();
+  }
+  tlsOwnerScopes.pop_back();
+  return scatterStale;
+}
+
+Scope* innermostScope() {
+  return tlsOwnerScopes.empty() ? nullptr : &tlsOwnerScopes.back();
+}
+
+int64_t shadowDdp() {
+  return tlsShadows.empty() ? -1 : tlsShadows.back();
+}
+
+void ddpLayout(int64_t ddp, const std::string& group, std::vector<DdpBucket> buckets, bool dynamicUnused,
+               bool ownReducer) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  DdpEntry& d = ddpTable[ddp];
+  for (auto& [impl, e] : paramTable) {
+    if (e.ddp == ddp) {
+      e.ddp = -1;
+      e.bucket = -1;
+    }
+  }
+  for (size_t i = 0; i < buckets.size(); ++i) {
+    for (const auto& p : buckets[i].params) {
+      ParamEntry& e = paramEntryOf(p);
+      e.ddp = ddp;
+      e.bucket = static_cast<int64_t>(i);
+    }
+    // The entries above hold the parameters weakly; the layout keeps no reference to them.
+    buckets[i].params.clear();
+  }
+  d.group = group;
+  d.buckets = std::move(buckets);
+  d.dynamicUnused = dynamicUnused;
+  d.ownReducer = ownReducer;
+  d.next = 0;
+}
+
+void ddpRound(int64_t ddp) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  if (auto it = ddpTable.find(ddp); it != ddpTable.end()) {
+    it->second.next = 0;
+  }
+}
+
+void ddpForget(int64_t ddp) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  ddpTable.erase(ddp);
+}
+
+DdpMatch matchDdpReduction(const c10::TensorImpl* param, int64_t shadow, const std::string& group,
+                           const at::Tensor& t) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  DdpMatch m;
+  int64_t ddp = shadow;
+  int64_t bucketOfParam = -1;
+  if (param != nullptr) {
+    const ParamEntry* e = liveParamEntry(param);
+    if (e == nullptr || e->ddp < 0) {
+      return m;
+    }
+    ddp = e->ddp;
+    bucketOfParam = e->bucket;
+  }
+  auto it = ddpTable.find(ddp);
+  if (it == ddpTable.end() || it->second.group != group) {
+    return m;
+  }
+  DdpEntry& d = it->second;
+  m.kind = DdpMatch::Kind::kOther;
+  if (!d.ownReducer || d.next >= d.buckets.size()) {
+    return m;
+  }
+  // The reducer launches its buckets in index order, each once per round, and only once the bucket is ready: the
+  // bucket launched from a parameter's gradient accumulation is that parameter's or a later one.
+  const DdpBucket& b = d.buckets[d.next];
+  if (t.numel() != b.numel || t.scalar_type() != b.dtype || bucketOfParam > static_cast<int64_t>(d.next)) {
+    return m;
+  }
+  ++d.next;
+  m.kind = d.dynamicUnused ? DdpMatch::Kind::kUnused : DdpMatch::Kind::kBucket;
+  m.stream = b.stream;
+  m.consumer = b.consumer;
+  return m;
+}
+
+}  // namespace delaycomm::owners

@@ -1,0 +1,99 @@
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+namespace delaycomm::owners {
+
+// Whose gradients a reduction carries (docs/staleness.md, "Which reductions go stale"). A reduction may go stale only
+// when its owner is known: the model that reduces it, which of its parameters the reduced tensor holds, and how the
+// result is consumed. python/delaycomm/_owners.py, _ddp.py and _fsdp.py tell this from the owners' own code paths:
+//
+//  - a *consumer* (addConsumer) is the set of parameters one stream's result lands on: one DDP bucket's, one FSDP1
+//    flat parameter's, one FSDP2 parameter group's (what the optimizer holds). Registered once per layout;
+//  - a *scope* (enterScope) marks the calling thread while an owner's Python code reduces one consumer's gradients:
+//    a DDP communication hook on its bucket, FSDP1's and FSDP2's gradient reduction, DDP join()'s shadow;
+//  - DDP's own reducer reduces from C++ with no Python on the way (its default hook): ddpLayout registers its
+//    buckets, ddpRound marks each forward that prepares a backward round, and matchDdpReduction recognises its bucket
+//    reductions from the parameter whose gradient accumulation launched them (the reducer launches a round's buckets
+//    once each, in index order);
+//  - optimizerStepped (torch.optim's global step post hook) records which parameters an optimizer step consumed.
+//
+// Stream names come from Python and name the owner in rank-invariant terms (the owner's ordinal in program order,
+// the bucket, its parameters' ordinals): every rank running the same program names the same streams. Parameters
+// are held weakly; a parameter whose tensor died is forgotten.
+//
+// Threads: scopes are the calling thread's; everything else is process-wide under one lock (any thread).
+
+// Registers the parameters of one consumer; returns its id (process-local: never part of a stream's key).
+int64_t addConsumer(const std::vector<at::Tensor>& params);
+// An optimizer step consumed these parameters' gradients.
+void optimizerStepped(const std::vector<at::Tensor>& params);
+// Optimizer steps so far (any optimizer).
+uint64_t stepCount();
+// Whether an optimizer step after step count `since` consumed every parameter of `consumer`.
+bool consumedSince(int64_t consumer, uint64_t since);
+
+enum class ScopeKind : uint8_t {
+  kDdpHook,    // a DDP communication hook running on one bucket
+  kFsdp,       // FSDP1's or FSDP2's gradient reduction of one flat parameter or parameter group
+  kDdpShadow,  // a joined rank's shadow of DDP's backward pass (join())
+};
+
+struct Scope {
+  ScopeKind kind = ScopeKind::kFsdp;
+  std::string stream;          // kDdpHook, kFsdp: the stream's name
+  int64_t numel = -1;          // kDdpHook: the bucket's size (its one gradient reduction has it)
+  int64_t consumer = -1;       // kDdpHook, kFsdp
+  int64_t ddp = -1;            // kDdpHook, kDdpShadow: the DDP instance
+  bool dynamicUnused = false;  // kDdpHook: the DDP runs with find_unused_parameters (not static_graph)
+  bool reduced = false;        // the owner's gradient reduction was issued in this scope
+  bool scatterStale = false;   // kFsdp: that reduction was a reduce-scatter that went stale
+};
+
+void enterScope(Scope scope);
+// Ends the calling thread's innermost scope; returns whether its gradient reduction was a reduce-scatter that went
+// stale (FSDP under HSDP: flush then reduces it across the replicas as FSDP would).
+bool exitScope();
+// The calling thread's innermost scope, or nullptr.
+Scope* innermostScope();
+// The DDP whose join() shadow the calling thread runs, or -1.
+int64_t shadowDdp();
+
+// One bucket of DDP's reducer, in the reducer's index order.
+struct DdpBucket {
+  std::vector<at::Tensor> params;  // in the bucket's order
+  int64_t numel = 0;
+  c10::ScalarType dtype = c10::ScalarType::Float;
+  std::string stream;
+  int64_t consumer = -1;
+};
+// DDP instance `ddp` (on the group named `group`) reduces with these buckets from now on. dynamicUnused:
+// find_unused_parameters without static_graph. ownReducer: its buckets are reduced by the reducer's default hook
+// (no Python comm hook registered, no builtin hook other than ALLREDUCE).
+void ddpLayout(int64_t ddp, const std::string& group, std::vector<DdpBucket> buckets, bool dynamicUnused,
+               bool ownReducer);
+// A forward of DDP `ddp` prepared a backward round (or a join() shadow began one): its buckets are reduced anew,
+// from bucket 0.
+void ddpRound(int64_t ddp);
+void ddpForget(int64_t ddp);
+
+struct DdpMatch {
+  enum class Kind : uint8_t {
+    kNotDdp,  // the parameter belongs to no DDP delaycomm knows (or not on this group)
+    kOther,   // in a DDP parameter's gradient accumulation, but not the reducer's reduction of its next bucket
+    kUnused,  // the reducer's bucket, of a DDP with find_unused_parameters
+    kBucket,  // the reducer's reduction of its next bucket
+  };
+  Kind kind = Kind::kNotDdp;
+  std::string stream;
+  int64_t consumer = -1;
+};
+// A floating SUM all-reduce `t` on group `group`, issued in the gradient accumulation of `param` (an AccumulateGrad
+// node's variable), or with param null in DDP `shadow`'s join() shadow. Advances that DDP's round on a match.
+DdpMatch matchDdpReduction(const c10::TensorImpl* param, int64_t shadow, const std::string& group, const at::Tensor& t);
+
+}  // namespace delaycomm::owners
