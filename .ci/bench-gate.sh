@@ -9,7 +9,7 @@
 #
 # The gate (python -m delaycomm.bench percall; its rule in python/delaycomm/bench/gate.py, compare_percall, and in
 # docs/benchmark.md, "The per-call gate"): one process, world size 1, raw Gloo vs delaycomm with nothing configured,
-# 8-byte all_reduce on every path (sync, async_op + wait, get_future().then), 5 runs of 30 interleaved pairs of
+# 8-byte all_reduce on every path (sync, async_op + wait, get_future().then), 3 runs of 30 interleaved pairs of
 # 400-call blocks, process CPU time per call. A run's regression is (its delaycomm/gloo ratio - the baseline's) x its
 # raw cost: microseconds per call at this machine's speed. The gate fails when the median over runs and a majority of
 # runs exceed BENCH_MAX_ADDED_US (default 2.5) on some path, and again in a confirmation run. A 5 us/call regression
@@ -52,6 +52,6 @@ if [[ $mode == update ]]; then
   echo "wrote $BASELINE: review the figures above before committing it"
   exit 0
 fi
-"$PYTHON" -m delaycomm.bench percall "${GATE_ARGS[@]}" --runs 5 --json "$OUT/percall-gate.json" --compare "$BASELINE" \
+"$PYTHON" -m delaycomm.bench percall "${GATE_ARGS[@]}" --runs 3 --json "$OUT/percall-gate.json" --compare "$BASELINE" \
   --max-added-us "${BENCH_MAX_ADDED_US:-2.5}" --confirm 1 ${BENCH_INJECT_US:+--inject-us "$BENCH_INJECT_US"}
 echo "# bench gate passed in $((SECONDS - start)) s; this run's record: $OUT/percall-gate.json"
