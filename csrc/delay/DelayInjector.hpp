@@ -77,6 +77,10 @@ class DelayInjector {
   DelayInjector(const DelayInjector&) = delete;
   DelayInjector& operator=(const DelayInjector&) = delete;
 
+  // Where delay_mode=match's warnings go (Python's warnings, through the backend's hook; set before the group's
+  // first op); empty: TORCH_WARN. Called on the calling thread of the op warned about.
+  std::function<void(const std::string&)> onWarn;
+
   // Whether anything configured acts on this rank's ops (a delay that targets it, or a slowdown).
   bool engaged() const { return engaged_; }
   // The delay schedule of the group (every rank's, for the staleness engine); null when no delay is configured.
@@ -114,6 +118,7 @@ class DelayInjector {
   // waits for it). Sets *observe (else -1) to the injected delay when no other rank holds the call back: what
   // the caller then experiences beyond it is this machine's own latency, which feeds local_.
   int64_t matchDelayNs(const Op& op, int64_t* observe);
+  void warn(const std::string& message) const;
 
   const int rank_;
   const Options options_;
