@@ -17,12 +17,15 @@ from ._workers import _init
 def carrier_after_send(rank, world_size, init_method, n=24, delay_ms=100):
     """A send from rank 0 to rank 1, then all-reduces under const:DELAY at fraction 1 in match mode: every call
     must take the delay (the ranks agree on its carrier although rank 2 made one call fewer)."""
+    t_start = time.perf_counter()
     _init(rank, world_size, init_method, delay=f"const:{delay_ms}ms", delay_fraction=1.0, delay_mode="match")
+    t_init = time.perf_counter()
     buf = torch.zeros(4)
     if rank == 0:
         dist.send(buf, dst=1)
     elif rank == 1:
         dist.recv(buf, src=0)
+    t_p2p = time.perf_counter()
     t = torch.ones(256)
     times = []
     for _ in range(n):
@@ -30,8 +33,11 @@ def carrier_after_send(rank, world_size, init_method, n=24, delay_ms=100):
         dist.all_reduce(t, async_op=True).wait()
         times.append(time.perf_counter() - t0)
     carried = delaycomm.stats()["groups"]
+    t_loop = time.perf_counter()
     dist.destroy_process_group()
-    return {"times": times, "carried": [g["ops"]["allreduce"]["match"]["calls"] for g in carried.values()]}
+    phases = [t_init - t_start, t_p2p - t_init, t_loop - t_p2p, time.perf_counter() - t_loop]
+    return {"times": times, "carried": [g["ops"]["allreduce"]["match"]["calls"] for g in carried.values()],
+            "phases": phases}  # fmt: skip
 
 
 def queued_behind_held_back(rank, world_size, init_method, profile, rounds=6):

@@ -153,18 +153,6 @@ def test_report_shows_match_modes_exceptions_per_size():
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(60)
-def test_match_mode_agrees_on_the_carrier_after_a_send():
-    # A send from rank 0 to rank 1 leaves rank 2 one call behind in the group's sequence; the carrier is drawn at
-    # the count of collectives, which every rank makes, so every all-reduce still waits for its delay.
-    results = spawn(w.carrier_after_send, 3, timeout=55, n=24, delay_ms=100)
-    for rank, r in enumerate(results):
-        short = [round(t * 1e3, 1) for t in r["times"] if t < 0.1]
-        assert not short, (rank, short)
-    assert sum(r["carried"][0] for r in results) == 24  # one carrier per call, the same on every rank
-
-
-@pytest.mark.multiproc
-@pytest.mark.timeout(60)
 def test_a_call_records_its_own_latency_not_its_wait_behind_the_ranks_held_back_calls(tmp_path):
     prof = _write(tmp_path / "p.json", {"allreduce": [_class(150e6, 1024), _class(15e6, 65536)]})
     r0, r1 = spawn(w.queued_behind_held_back, 2, timeout=55, profile=prof, rounds=6)
@@ -193,3 +181,15 @@ def test_a_target_below_this_machines_latency_is_counted_per_size_and_warned_onc
         assert len(uncal) == 1, r["warnings"]
         assert "# match: allreduce 4 MiB: target shorter than the own latency" in r["report"], r["report"]
     assert sum(r["match"]["calls"] for r in results) == 60  # one carrier per call
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(60)
+def test_match_mode_agrees_on_the_carrier_after_a_send():
+    # A send from rank 0 to rank 1 leaves rank 2 one call behind in the group's sequence; the carrier is drawn at
+    # the count of collectives, which every rank makes, so every all-reduce still waits for its delay.
+    results = spawn(w.carrier_after_send, 3, timeout=55, n=24, delay_ms=100)
+    for rank, r in enumerate(results):
+        short = [round(t * 1e3, 1) for t in r["times"] if t < 0.1]
+        assert not short, (rank, short)
+    assert sum(r["carried"][0] for r in results) == 24  # one carrier per call, the same on every rank
