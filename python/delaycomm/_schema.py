@@ -281,7 +281,8 @@ def _stats_match(m: Any, f: str) -> dict[str, int]:
     if not isinstance(m, dict):
         raise _Invalid(f, f"is {_type(m)} (expected an object)")
     return {
-        k: _whole(m.get(k, 0), f"{f}.{k}", 0, MAX_COUNT, "a whole number >= 0") for k in ("nothing_added", "uncalibrated")
+        k: _whole(m.get(k, 0), f"{f}.{k}", 0, MAX_COUNT, "a whole number >= 0")
+        for k in ("nothing_added", "uncalibrated")
     }
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import warnings
-from datetime import timedelta
 
 import pytest
 
@@ -122,8 +121,18 @@ def test_profile_compare_reports_target_against_achieved_per_class(tmp_path, cap
     from delaycomm.__main__ import main
 
     prof = _write(tmp_path / "p.json", {"allreduce": [_class(2e6, 1024), _class(8e6, 65536)]})
-    a = _stats(tmp_path / "s0.json", {"allreduce": {"calls": 60, "by_size": [
-        _by_size(1024, 2.2e6, 30, nothing_added=0, uncalibrated=5), _by_size(65536, 6e6, 30, nothing_added=2)]}})
+    a = _stats(
+        tmp_path / "s0.json",
+        {
+            "allreduce": {
+                "calls": 60,
+                "by_size": [
+                    _by_size(1024, 2.2e6, 30, nothing_added=0, uncalibrated=5),
+                    _by_size(65536, 6e6, 30, nothing_added=2),
+                ],
+            }
+        },
+    )
     b = _stats(tmp_path / "s1.json", {"allreduce": {"calls": 30, "by_size": [_by_size(1024, 2.2e6, 30)]}}, rank=1)
     assert main(["profile", "compare", prof, a, b, "--json"]) == 0
     rows = {r["bytes"]: r for r in json.loads(capsys.readouterr().out)}
@@ -145,7 +154,8 @@ def test_report_shows_match_modes_exceptions_per_size():
     ops = {"allreduce": {"calls": 9, "bytes": 0, "errors": 0, "delayed_calls": 4,
                          "latency": {k: 1.0 for k in ("p50_us", "p90_us", "p99_us", "p999_us", "max_us")},
                          "delay": {k: 1.0 for k in ("p50_us", "p99_us")}, "match": {"calls": 4},
-                         "by_size": [{"bytes": 4 << 20, "calls": 9, "match": {"nothing_added": 3, "uncalibrated": 1}}]}}  # fmt: skip
+                         "by_size": [{"bytes": 4 << 20, "calls": 9,
+                                      "match": {"nothing_added": 3, "uncalibrated": 1}}]}}  # fmt: skip
     text = format_table({"group": "0", "rank": 0, "world_size": 2, "ops": ops})
     assert "# match: allreduce 4 MiB: target shorter than the own latency on 3 call(s)" in text, text
     assert "uncalibrated on 1" in text
