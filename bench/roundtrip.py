@@ -1,4 +1,4 @@
-"""The round trip, as a user runs it: record a job's latency, build a profile, replay it with delay_mode=match.
+"""The round trip, as a user runs it: record a job's latency, build a profile, replay it with the profile alone.
 
 Every job is 2 ranks under torchrun running this file's timing script (--worker), configured only by DELAYCOMM_*
 variables; the script times each call by its own clock (perf_counter around ``all_reduce(async_op=True).wait()``),
@@ -6,9 +6,9 @@ variables; the script times each call by its own clock (perf_counter around ``al
 
   A  record   DELAYCOMM_DELAY=lognormal:p50=3ms,p99=30ms DELAYCOMM_DELAY_FRACTION=0.5 DELAYCOMM_STATS=OUT/stats-a/
   P  profile  python -m delaycomm profile OUT/stats-a/*.json -o OUT/profile.json
-  B  replay   DELAYCOMM_DELAY=profile:OUT/profile.json DELAYCOMM_DELAY_FRACTION=1 DELAYCOMM_DELAY_RANKS=0
-              DELAYCOMM_DELAY_MODE=match
-  C  the same as B with DELAYCOMM_DELAY_MODE=add
+  B  replay   DELAYCOMM_DELAY=profile:OUT/profile.json   (nothing else: a profile's defaults are delay_fraction=1,
+              delay_mode=match, delay_carrier=one; docs/profile.md, "Replay")
+  C  the same as B with DELAYCOMM_DELAY_MODE=add DELAYCOMM_DELAY_CARRIER=all (every rank draws, added on top)
 
 B's (and C's) p50 / p90 / p99 per size are compared with A's (both ranks' calls pooled); B passes within 25% / 25% /
 35%. OUT/result.json holds the quantiles, the ratios and the verdict, OUT/times-JOB.rankR.json every call's time,
@@ -133,15 +133,16 @@ def main(argv: list[str] | None = None) -> int:
     stats_dir = os.path.join(args.out, "stats-a") + os.sep
     os.makedirs(stats_dir, exist_ok=True)
     profile = os.path.join(args.out, "profile.json")
-    replay_env = {
-        "DELAYCOMM_DELAY": f"profile:{profile}",
-        "DELAYCOMM_DELAY_FRACTION": "1",
-        "DELAYCOMM_DELAY_RANKS": "0",
-    }
+    replay_env = {"DELAYCOMM_DELAY": f"profile:{profile}"}  # the one knob
     envs = {
         "A": {**RECORD_ENV, "DELAYCOMM_STATS": stats_dir},
-        "B": {**replay_env, "DELAYCOMM_DELAY_MODE": "match", "DELAYCOMM_STATS": os.path.join(args.out, "stats-b", "")},
-        "C": {**replay_env, "DELAYCOMM_DELAY_MODE": "add", "DELAYCOMM_STATS": os.path.join(args.out, "stats-c", "")},
+        "B": {**replay_env, "DELAYCOMM_STATS": os.path.join(args.out, "stats-b", "")},
+        "C": {
+            **replay_env,
+            "DELAYCOMM_DELAY_MODE": "add",
+            "DELAYCOMM_DELAY_CARRIER": "all",
+            "DELAYCOMM_STATS": os.path.join(args.out, "stats-c", ""),
+        },
     }
     for job in ("B", "C"):
         os.makedirs(envs[job]["DELAYCOMM_STATS"], exist_ok=True)
@@ -204,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
                 vs = f" ({row[k + '_vs_A']:+.0%})" if k + "_vs_A" in row else ""
                 cells.append(f"{row[k + '_ms']:8.2f} ms{vs:>7}")
             print(f"{job:4} {s:5} " + " ".join(f"{c:>16}" for c in cells))
-    print(f"B (match) against A: {result['verdict']}")
+    print(f"B (the profile alone) against A: {result['verdict']}")
     return 0 if ok else 1
 
 

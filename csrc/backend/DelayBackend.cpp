@@ -472,6 +472,7 @@ double DelayBackend::staleWindowedRatio() const {
 }
 
 void DelayBackend::setStaleWarningHook(std::function<void(const std::string&)> hook) {
+  injector_->onWarn = hook;  // delay_mode=match's warnings (delay/DelayInjector.hpp)
   if (stale_) {
     stale_->onWarn = std::move(hook);
   }

@@ -237,7 +237,11 @@ class DelayBackend : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> issueOn(c10d::Backend& inner, OpKind op, c10::Device device, IssueRef issue,
                                          bool countErrors);
   // Numbers and counts one op (its group sequence number, calls, bytes); returns the sequence number.
-  uint64_t admit(OpKind op, int64_t bytes);
+  // Counts the call; returns its sequence number in the group. *drawSeq (when given): the position the delay
+  // schedule draws it at: for a collective the count of the group's collectives (calls every rank makes, so that
+  // the ranks agree on a call's carrier after point-to-point calls: docs/delay.md, "Match mode"), for a
+  // point-to-point op the sequence number.
+  uint64_t admit(OpKind op, int64_t bytes, uint64_t* drawSeq = nullptr);
 
   // Released by shutdown() (see there): null afterwards.
   c10::intrusive_ptr<c10d::Backend> cpuInner_;
@@ -246,6 +250,7 @@ class DelayBackend : public c10d::Backend {
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
+  std::atomic<uint64_t> collectiveSeq_{0};  // admit(): the group's collectives (not send/recv)
   std::unique_ptr<DelayInjector> injector_;  // before stale_, which reads its schedule
   // Nothing configured acts on this rank's ops (!injector_->engaged()): CPU ops take runDirect().
   bool fastPath_ = true;

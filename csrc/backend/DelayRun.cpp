@@ -38,8 +38,13 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::issueOn(c10d::Backend& inner, OpKin
   }
 }
 
-uint64_t DelayBackend::admit(OpKind op, int64_t bytes) {
+uint64_t DelayBackend::admit(OpKind op, int64_t bytes, uint64_t* drawSeq) {
   const uint64_t seq = seq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const bool p2p = op == OpKind::kSend || op == OpKind::kRecv || op == OpKind::kRecvAnysource;
+  const uint64_t collective = p2p ? 0 : collectiveSeq_.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (drawSeq) {
+    *drawSeq = p2p ? seq : collective;
+  }
   auto& s = stats_->op(op);
   s.calls.fetch_add(1, std::memory_order_relaxed);
   s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
@@ -83,7 +88,8 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
                                                         const std::vector<at::Tensor>& outputs, IssueFn issue,
                                                         bool asyncOp, bool applyDelay) {
   c10d::Backend& inner = innerFor(op, device);
-  const uint64_t seq = admit(op, bytes);
+  uint64_t drawSeq = 0;
+  const uint64_t seq = admit(op, bytes, &drawSeq);
 
   std::optional<c10::Event> cudaStart;
   if (device.is_cuda() && options_.timeCuda) {
@@ -105,7 +111,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
   if (injector_->engaged()) {
     const std::function<void()> hook = afterWaits;
     c10d::Backend* innerPtr = &inner;
-    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook, bytes},
+    issued = injector_->run(DelayInjector::Op{op, seq, device, asyncOp, applyDelay, &outputs, &hook, bytes, drawSeq},
                             [this, innerPtr, op, device, issue = std::move(issue)](bool onCaller) mutable {
                               return issueOn(*innerPtr, op, device, issue, onCaller);
                             });

@@ -128,12 +128,21 @@ void bindSchedule(py::module_& m) {
   py::class_<DelaySchedule>(m, "DelaySchedule",
                             "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
       .def(
-          py::init([](const py::object& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst) {
+          py::init([](const py::object& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst,
+                      int64_t carrierSize) {
             return DelaySchedule(specArgument(spec, "DelaySchedule"), fraction,
-                                 checkedUnsigned(seed, "DelaySchedule", "seed"), std::move(ranks), burst);
+                                 checkedUnsigned(seed, "DelaySchedule", "seed"), std::move(ranks), burst, carrierSize);
           }),
           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
-          py::arg("burst") = 0.0)
+          py::arg("burst") = 0.0, py::arg("carrier_size") = 0)
+      .def(
+          "carrier",
+          [](const DelaySchedule& s, int64_t stream, int64_t seq) {
+            return s.carrier(checkedUnsigned(stream, "DelaySchedule.carrier", "stream"),
+                             checkedUnsigned(seq, "DelaySchedule.carrier", "seq"));
+          },
+          py::arg("stream"), py::arg("seq"),
+          "delay_carrier=one: the rank that carries call (stream, seq), or -1 (no single carrier).")
       .def("delayed", &DelaySchedule::delayed, py::arg("rank"), py::arg("stream"), py::arg("seq"))
       .def(
           "delay_ns",

@@ -60,6 +60,7 @@ py::dict classDict(const ProfileClassInfo& c) {
   d["zeros"] = c.zeros;
   d["min_ns"] = c.minNs;
   d["max_ns"] = c.maxNs;
+  d["rare"] = c.rare;
   return d;
 }
 
@@ -92,9 +93,11 @@ void bindProfile(py::module_& m) {
             }
             return out;
           },
-          "Every (op, size class): op, bytes, count (its calls), zeros, min_ns, max_ns; in op-table order.")
+          "Every (op, size class): op, bytes, count (its calls), zeros, min_ns, max_ns, rare (fewer than "
+          "min_class_calls calls: drawn from the op's other classes); in op-table order.")
       .def_property_readonly("digest", [](const DelayProfile& p) { return digestText(p.digest()); })
       .def_property_readonly("calls", &DelayProfile::calls)
+      .def_readonly_static("min_class_calls", &DelayProfile::kMinClassCalls)
       .def_property_readonly("ops", &DelayProfile::ops)
       .def_property_readonly("classes", &DelayProfile::classes);
 }

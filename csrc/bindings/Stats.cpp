@@ -61,6 +61,10 @@ py::dict opDict(const OpTelemetry& op) {
     size["calls"] = c.calls;
     size["latency"] = summaryDict(c.latency);
     size["histogram"] = histogramDict(c.histogram);
+    py::dict sizeMatch;
+    sizeMatch["nothing_added"] = c.matchNothingAdded;
+    sizeMatch["uncalibrated"] = c.matchUncalibrated;
+    size["match"] = sizeMatch;
     bySize.append(size);
   }
   d["by_size"] = bySize;

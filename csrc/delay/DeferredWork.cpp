@@ -168,7 +168,11 @@ void DeferredWorkCpu::recordCompletion(bool ok) {
     }
     recorded_ = true;
   }
-  stats_->recordCompletion(op_, issuedAt_, call_, ok);
+  std::optional<CallTiming> call = call_;
+  if (call) {
+    call->queuedNs = queuedNs_.load(std::memory_order_relaxed);
+  }
+  stats_->recordCompletion(op_, issuedAt_, call, ok);
 }
 
 bool DeferredWorkCpu::isCompleted() {

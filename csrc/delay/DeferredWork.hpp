@@ -1,5 +1,6 @@
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <exception>
@@ -58,6 +59,9 @@ class DeferredWorkCpu : public c10d::Work {
   // The op is still held back at its call time + the group's timeout: the work fails with the timeout error (a
   // no-op once the op was issued). A later attach() is accepted and its outcome ignored.
   void expire();
+  // How long the ops queued ahead of it held it past its own release (IssuerThread::Queued): left out of the
+  // latency its caller's call records (CallTiming::queuedNs). Set before the op is issued.
+  void setQueuedNs(int64_t ns) { queuedNs_.store(ns, std::memory_order_relaxed); }
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -91,6 +95,7 @@ class DeferredWorkCpu : public c10d::Work {
   const std::chrono::milliseconds groupTimeout_;
   const int64_t delayNs_;
   const std::optional<CallTiming> call_;  // the caller's latency (docs/profile.md, "What is recorded")
+  std::atomic<int64_t> queuedNs_{0};
 
   mutable std::mutex mutex_;
   std::condition_variable attachedCv_;

@@ -32,7 +32,7 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
   if (options_.spec && !options_.spec->isNone() && options_.fraction > 0.0) {
     try {
       schedule_ = std::make_unique<DelaySchedule>(options_.spec, options_.fraction, options_.seed, options_.ranks,
-                                                  options_.burst);
+                                                  options_.burst, options_.one_carrier ? options_.size : 0);
     } catch (const std::invalid_argument& e) {
       TORCH_CHECK_VALUE(false, e.what());
     }
@@ -79,13 +79,6 @@ void DelayInjector::abort() {
   }
 }
 
-int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
-  if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
-    return 0;
-  }
-  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes});
-}
-
 namespace {
 
 // Point-to-point ops: their peers are not the whole group, so match mode takes the rank's own delay alone.
@@ -95,6 +88,14 @@ bool pointToPoint(OpKind op) {
 
 }  // namespace
 
+int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
+  if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
+    return 0;
+  }
+  return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes},
+                            /*ownDraw=*/pointToPoint(op));
+}
+
 int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   *observe = -1;
   if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
@@ -102,7 +103,7 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   }
   const CallSize at{static_cast<int>(op.kind), op.bytes};
   const auto latest =
-      schedule_->latest(static_cast<uint64_t>(op.kind), op.seq, options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
+      schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
   if (latest.rank < 0) {
     *observe = 0;  // no rank is late: what the caller sees is this machine's own latency
     return 0;
@@ -117,12 +118,42 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
   s.delayNs.record(static_cast<double>(added));
   s.matchCalls.fetch_add(1, std::memory_order_relaxed);
+  const int cls = sizeClassOf(op.bytes);
   if (own < 0) {
     s.matchUncalibrated.fetch_add(1, std::memory_order_relaxed);
+    s.matchUncalibratedBySize[static_cast<size_t>(cls)].fetch_add(1, std::memory_order_relaxed);
+    auto& warned = uncalibratedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
+    if (!warned.exchange(true, std::memory_order_relaxed)) {
+      warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
+                 sizeClassBytes(cls), "): this machine's own latency is not estimated yet (",
+                 local_->at(op.kind, cls).count(), " of ", LatencyEstimate::kMinSamples,
+                 " observations), so this call and the next ones of the class until it is get the whole target ",
+                 "added, as delay_mode=add does (their latency comes out long by this machine's own). Counted in "
+                 "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
+                 "class"));
+    }
   } else if (own >= latest.ns) {
     s.matchNothingAdded.fetch_add(1, std::memory_order_relaxed);
+    s.matchNothingAddedBySize[static_cast<size_t>(cls)].fetch_add(1, std::memory_order_relaxed);
+    auto& warned = nothingAddedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
+    if (!warned.exchange(true, std::memory_order_relaxed)) {
+      warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
+                 sizeClassBytes(cls), "): the target latency ", msText(latest.ns),
+                 " ms is shorter than this machine's own latency of ", msText(own),
+                 " ms at the same quantile; nothing is added, and the call takes longer than its target (a call "
+                 "cannot be made faster). Counted per size class in stats()[\"ops\"][op][\"by_size\"][i][\"match\"]"
+                 "[\"nothing_added\"] and in report(); warned once per op and size class"));
+    }
   }
   return added;
+}
+
+void DelayInjector::warn(const std::string& message) const {
+  if (onWarn) {
+    onWarn(message);
+  } else {
+    TORCH_WARN(message);
+  }
 }
 
 void DelayInjector::throwIfClosed(HostSleeper::Woke woke, OpKind op, uint64_t seq, const char* what) const {
@@ -189,7 +220,7 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
                 "cuda tensors use delay_mode=add");
   }
   const int64_t delayNs = match           ? matchDelayNs(op, &observe)
-                          : op.applyDelay ? delayNsFor(op.kind, op.seq, op.bytes)
+                          : op.applyDelay ? delayNsFor(op.kind, op.at(), op.bytes)
                                           : 0;
   if (delayNs > 0) {
     auto& s = stats_->op(op.kind);
@@ -266,7 +297,9 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       },
       [work](std::exception_ptr error) { work->fail(error); },
       // Still held back at the call time + the group's timeout: the work fails with the timeout error.
-      addSaturated<InjectorClock>(calledAt, timeout()), [work] { work->expire(); });
+      addSaturated<InjectorClock>(calledAt, timeout()), [work] { work->expire(); },
+      // Under the issuer's lock, before the op can be issued: the wait behind the ops held back ahead of it.
+      [&work](int64_t queuedNs) { work->setQueuedNs(queuedNs); });
   return {std::move(work), true, calledAt, enteredAt, observe};
 }
 

@@ -56,6 +56,10 @@ class DelayInjector {
     // time includes its network delay and not the host's.
     const std::function<void()>* afterWaits = nullptr;
     int64_t bytes = 0;  // the call's size (profile:FILE's distribution; match mode's size class)
+    // Where the schedule draws the call (DelayBackend::admit: collectives count the group's collectives only, so
+    // every rank draws a call at the same position after point-to-point calls); 0: seq.
+    uint64_t drawSeq = 0;
+    uint64_t at() const { return drawSeq ? drawSeq : seq; }
   };
   // Issues the op to the inner backend now and returns its work (null inside an inner coalescing window).
   // onCaller: true on the calling thread (errors count there), false on the issuer thread (the work counts them).
@@ -72,6 +76,10 @@ class DelayInjector {
   ~DelayInjector();
   DelayInjector(const DelayInjector&) = delete;
   DelayInjector& operator=(const DelayInjector&) = delete;
+
+  // Where delay_mode=match's warnings go (Python's warnings, through the backend's hook; set before the group's
+  // first op); empty: TORCH_WARN. Called on the calling thread of the op warned about.
+  std::function<void(const std::string&)> onWarn;
 
   // Whether anything configured acts on this rank's ops (a delay that targets it, or a slowdown).
   bool engaged() const { return engaged_; }
@@ -110,6 +118,7 @@ class DelayInjector {
   // waits for it). Sets *observe (else -1) to the injected delay when no other rank holds the call back: what
   // the caller then experiences beyond it is this machine's own latency, which feeds local_.
   int64_t matchDelayNs(const Op& op, int64_t* observe);
+  void warn(const std::string& message) const;
 
   const int rank_;
   const Options options_;
@@ -122,6 +131,9 @@ class DelayInjector {
   std::unique_ptr<IssuerThread> issuer_;   // CPU network delay only
   HostSleeper hostSleeper_;                // host delay and slowdown; closed by close() and abort()
   std::atomic<int64_t> lastReturnNs_{-1};  // slowdown: when the previous op returned to its caller
+  // delay_mode=match: a target shorter than the own latency was warned about, per (op, size class).
+  std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> nothingAddedWarned_{};
+  std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> uncalibratedWarned_{};
   std::atomic<int64_t> timeoutMs_;         // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };

@@ -31,6 +31,7 @@ enum class DelayMode { kAdd, kMatch };
   X(DelayWhere, where, DelayWhere::kNetwork, "host: the caller blocks; network: the op is held back")         \
   X(DelayMode, mode, DelayMode::kAdd, "match: only what the call needs on top of this machine's own latency") \
   X(double, burst, 0.0, "mean burst length in calls (delay/Schedule.hpp); 0: calls delayed independently")    \
+  X(bool, one_carrier, false, "delay_carrier=one: one targeted rank per call, from the schedule, may be late")  \
   X(uint64_t, seed, 0, "the schedule's seed (mixed with the members for a group of some ranks)")              \
   X(double, slowdown, 1.0, "this rank's compute slowdown factor K (>= 1; 1: none)")
 

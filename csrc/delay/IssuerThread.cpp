@@ -115,9 +115,16 @@ IssuerThread::Item IssuerThread::popFrontLocked(State& s) {
 }
 
 void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel, SteadyClock::time_point expireAt,
-                          Expire expire) {
+                          Expire expire, const Queued& queued) {
   State& s = *state_;
   std::unique_lock<std::mutex> lock(s.mutex);
+  const bool ahead = !s.queue.empty() || s.busy;
+  if (queued) {
+    queued(ahead && s.latestRelease > releaseAt
+               ? std::chrono::duration_cast<std::chrono::nanoseconds>(s.latestRelease - releaseAt).count()
+               : 0);
+  }
+  s.latestRelease = ahead ? std::max(s.latestRelease, releaseAt) : releaseAt;
   s.queue.push_back(Item{releaseAt, std::move(task), std::move(cancel), expireAt, std::move(expire)});
   if (!s.stopping) {
     s.cv.notify_all();

@@ -66,6 +66,9 @@ class IssuerThread {
   using Task = std::function<void()>;
   using Cancel = std::function<void(std::exception_ptr)>;
   using Expire = std::function<void()>;
+  // Told, under the issuer's lock before the op can be issued, how long the ops queued ahead of it hold it past
+  // its own release time (in ns, >= 0): the wait behind the rank's earlier held-back calls (docs/profile.md).
+  using Queued = std::function<void(int64_t)>;
 
   explicit IssuerThread(std::string name);
   ~IssuerThread();
@@ -78,7 +81,8 @@ class IssuerThread {
   // Queues `task` for release at `releaseAt`; `cancel` fails its work if the queue is cancelled before; `expire`
   // (if set) is called once if the task is still queued at `expireAt`.
   void submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel,
-              SteadyClock::time_point expireAt = SteadyClock::time_point::max(), Expire expire = nullptr);
+              SteadyClock::time_point expireAt = SteadyClock::time_point::max(), Expire expire = nullptr,
+              const Queued& queued = nullptr);
   // Issues every queued op now (in order), waits until they were issued and joins the thread. Idempotent.
   void stop();
   // Fails every queued op with `error` (ops already issued are not affected).
@@ -107,6 +111,9 @@ class IssuerThread {
     bool draining = false;  // release everything now (stop())
     bool stopping = false;
     bool finished = false;  // loop() returned
+    // The latest release time of the ops queued or being issued (valid while any is): an op released earlier
+    // than it waits for them (call order).
+    SteadyClock::time_point latestRelease{};
   };
   static void loop(const std::shared_ptr<State>& s);
   // Pops the front item; s.mutex held.

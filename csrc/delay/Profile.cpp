@@ -103,22 +103,32 @@ void DelayProfile::OpDists::finish() {
   pooled = Dist{};
   for (const auto& [c, d] : classes)
     pooled.add(d);
+  // A rare class (fewer than kMinClassCalls calls: set-up and teardown calls) is not a distribution: its sizes
+  // draw from the op's full classes as a size the op lacks does. An op with no full class keeps its own classes.
+  std::vector<int> usable;  // indices into classes, by size
+  for (int i = 0; i < static_cast<int>(classes.size()); ++i) {
+    if (classes[static_cast<size_t>(i)].second.count >= kMinClassCalls)
+      usable.push_back(i);
+  }
+  if (usable.empty()) {
+    for (int i = 0; i < static_cast<int>(classes.size()); ++i)
+      usable.push_back(i);
+  }
+  auto sizeOf = [&](size_t k) { return classes[static_cast<size_t>(usable[k])].first; };
   for (int c = 0; c < kSizeClasses; ++c) {
     Interp& t = table[static_cast<size_t>(c)];
-    const auto it = std::lower_bound(classes.begin(), classes.end(), c,
-                                     [](const std::pair<int, Dist>& e, int v) { return e.first < v; });
-    const int hi = static_cast<int>(it - classes.begin());
-    if (it != classes.end() && it->first == c) {
-      t = {hi, hi, 0.0};
+    size_t hi = 0;
+    while (hi < usable.size() && sizeOf(hi) < c)
+      ++hi;
+    if (hi < usable.size() && sizeOf(hi) == c) {
+      t = {usable[hi], usable[hi], 0.0};
     } else if (hi == 0) {
-      t = {0, 0, 0.0};
-    } else if (it == classes.end()) {
-      t = {hi - 1, hi - 1, 0.0};
+      t = {usable[0], usable[0], 0.0};
+    } else if (hi == usable.size()) {
+      t = {usable[hi - 1], usable[hi - 1], 0.0};
     } else {
-      const int lo = hi - 1;
-      const double w = static_cast<double>(c - classes[static_cast<size_t>(lo)].first) /
-                       static_cast<double>(it->first - classes[static_cast<size_t>(lo)].first);
-      t = {lo, hi, w};
+      const double w = static_cast<double>(c - sizeOf(hi - 1)) / static_cast<double>(sizeOf(hi) - sizeOf(hi - 1));
+      t = {usable[hi - 1], usable[hi], w};
     }
   }
 }
@@ -156,8 +166,8 @@ std::vector<ProfileClassInfo> DelayProfile::classInfo() const {
   std::vector<ProfileClassInfo> out;
   for (size_t kind = 0; kind < ops_.size(); ++kind) {
     for (const auto& [c, d] : ops_[kind].classes) {
-      out.push_back(
-          {static_cast<OpKind>(kind), static_cast<int64_t>(sizeClassBytes(c)), d.count, d.zeros, d.minNs, d.maxNs});
+      out.push_back({static_cast<OpKind>(kind), static_cast<int64_t>(sizeClassBytes(c)), d.count, d.zeros, d.minNs,
+                     d.maxNs, d.count < kMinClassCalls});
     }
   }
   return out;

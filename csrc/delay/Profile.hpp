@@ -33,6 +33,8 @@ struct ProfileClassInfo {
   uint64_t zeros = 0;
   double minNs = 0.0;
   double maxNs = 0.0;
+  // Fewer than DelayProfile::kMinClassCalls calls: not replayed as a distribution of its own (see there).
+  bool rare = false;
 };
 
 // A latency profile (delay spec profile:FILE; the schema is docs/profile.md): per op and size class, the latency
@@ -43,7 +45,8 @@ struct ProfileClassInfo {
 // Draws: quantile(u, op, bytes) is the quantile function of the call's (op, size class) distribution, each
 // bucket spread geometrically between its bounds and clipped to the class's min and max. A size class the op
 // lacks interpolates between the op's nearest classes below and above (geometrically in the latency, linearly in
-// the class index, i.e. in log2 of the size); beyond its smallest or largest class, the nearest one is used. An
+// the class index, i.e. in log2 of the size); beyond its smallest or largest class, the nearest one is used. Rare
+// classes (kMinClassCalls) count as lacking where the op has a class that is not rare. An
 // op the profile lacks (or op < 0) draws from every op of the profile pooled per size class; bytes < 0 (a draw
 // without a call, e.g. DelayedLoader's) draws from the op's classes pooled.
 //
@@ -51,6 +54,9 @@ struct ProfileClassInfo {
 class DelayProfile {
  public:
   static constexpr int kVersion = 1;
+  // A class with fewer calls is rare (set-up and teardown calls, docs/profile.md "Replay"): its sizes draw from the
+  // op's other classes, interpolated as a size the op lacks, unless the op has no class of this many calls.
+  static constexpr uint64_t kMinClassCalls = 16;
 
   // One (op, size class) distribution.
   struct Dist {

@@ -16,6 +16,8 @@ constexpr double kMaxDelayNs = 4.6e18;
 // Counter streams of the burst chains' own draws, apart from every stream a call draws from (bit 63 set).
 constexpr uint64_t kBurstGapTag = 1ull << 63;
 constexpr uint64_t kBurstStateTag = (1ull << 63) | (1ull << 62);
+// The counter stream of delay_carrier=one's carrier draws (a key no rank has: ranks are < 2^62).
+constexpr uint64_t kCarrierKey = (1ull << 63) | (1ull << 61);
 // The longest refresh block: the search's cost stays O(1) expected for any block length, this only keeps the
 // positions in range.
 constexpr double kMaxBlock = 1e15;
@@ -26,8 +28,12 @@ double DelaySchedule::minBurst(double fraction) {
 }
 
 DelaySchedule::DelaySchedule(std::shared_ptr<const DelayDistribution> distribution, double fraction, uint64_t seed,
-                             std::vector<int64_t> ranks, double burst)
-    : sampler_(std::move(distribution), seed, 0), fraction_(fraction), seed_(seed), ranks_(std::move(ranks)) {
+                             std::vector<int64_t> ranks, double burst, int64_t carrierSize)
+    : sampler_(std::move(distribution), seed, 0),
+      fraction_(fraction),
+      seed_(seed),
+      ranks_(std::move(ranks)),
+      carrierSize_(std::max<int64_t>(0, carrierSize)) {
   if (!sampler_.shared()) {
     throw std::invalid_argument("delaycomm: DelaySchedule: needs a parsed delay spec, got none");
   }
@@ -127,15 +133,40 @@ int64_t DelaySchedule::quantileNs(double u, CallSize at) const {
   return static_cast<int64_t>(std::llround(std::min(ns, kMaxDelayNs)));
 }
 
+int64_t DelaySchedule::carrier(uint64_t stream, uint64_t seq) const {
+  // Only the group's streams have ranks that take part in one call: the op kinds and the staleness keys.
+  if (carrierSize_ <= 0 || !(stream < kLoaderStream || stream >= (1ull << 32)))
+    return -1;
+  int64_t n = 0;
+  if (ranks_.empty()) {
+    n = carrierSize_;
+  } else {
+    n = std::lower_bound(ranks_.begin(), ranks_.end(), carrierSize_) - ranks_.begin();
+  }
+  if (n <= 0)
+    return -1;
+  const double u = counterUniforms(seed_, kCarrierKey, stream, seq).first;  // in [0, 1)
+  const int64_t i = std::min<int64_t>(n - 1, static_cast<int64_t>(u * static_cast<double>(n)));
+  return ranks_.empty() ? i : ranks_[static_cast<size_t>(i)];
+}
+
 bool DelaySchedule::delayed(int64_t rank, uint64_t stream, uint64_t seq) const {
   if (!active() || !targets(rank))
     return false;
+  const int64_t c = carrier(stream, seq);
+  if (c >= 0 && c != rank)
+    return false;  // one carrier per call, and it is another rank
   return selected(rank, stream, seq, counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq).second);
 }
 
-int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at) const {
+int64_t DelaySchedule::delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at, bool ownDraw) const {
   if (!active() || !targets(rank))
     return 0;
+  if (!ownDraw) {
+    const int64_t c = carrier(stream, seq);
+    if (c >= 0 && c != rank)
+      return 0;  // one carrier per call, and it is another rank
+  }
   const auto [uDelay, uSelect] = counterUniforms(seed_, static_cast<uint64_t>(rank), stream, seq);
   if (!selected(rank, stream, seq, uSelect))
     return 0;
@@ -161,6 +192,11 @@ DelaySchedule::Latest DelaySchedule::latest(uint64_t stream, uint64_t seq, int64
   if (onlyRank >= 0) {
     if (targets(onlyRank))
       consider(onlyRank);
+  } else if (carrierSize_ > 0) {
+    // One carrier per call: the largest delay of the call is the carrier's (m = 1).
+    const int64_t c = carrier(stream, seq);
+    if (c >= 0 && c < size)
+      consider(c);
   } else if (ranks_.empty()) {
     for (int64_t r = 0; r < size; ++r)
       consider(r);

@@ -40,13 +40,21 @@ class DelaySchedule {
   // fraction in [0, 1]; ranks: the delayed ranks, empty = all; burst: the mean burst length in calls, 0 = calls
   // are delayed independently, else >= minBurst(fraction) (std::invalid_argument otherwise).
   // distribution: the parsed spec (never null; a none spec makes the schedule inactive).
+  // carrierSize > 0 (delay_carrier=one, docs/delay.md "One carrier per call"): on every call of a group stream
+  // (the op kinds, the staleness keys) one targeted rank below carrierSize, drawn from the schedule, is the only
+  // one that may be delayed; every rank computes the same carrier. 0: every targeted rank draws its own delay.
   DelaySchedule(std::shared_ptr<const DelayDistribution> distribution, double fraction, uint64_t seed,
-                std::vector<int64_t> ranks, double burst = 0.0);
+                std::vector<int64_t> ranks, double burst = 0.0, int64_t carrierSize = 0);
 
   // Whether rank's call (stream, seq) is delayed (the rank is targeted, and its draw or its burst state says so).
   bool delayed(int64_t rank, uint64_t stream, uint64_t seq) const;
   // Its delay in nanoseconds (0 when not delayed); `at`: the call, for a distribution that depends on it.
-  int64_t delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at = {}) const;
+  // ownDraw: the rank's own draw even under one carrier per call (point-to-point ops: their peer is not the group).
+  int64_t delayNs(int64_t rank, uint64_t stream, uint64_t seq, CallSize at = {}, bool ownDraw = false) const;
+  // delay_carrier=one: the call's carrier (a targeted rank below carrierSize), or -1 when the schedule has no
+  // single carrier for this stream (delay_carrier=all, the loader's and the simulator's streams, no rank targeted).
+  int64_t carrier(uint64_t stream, uint64_t seq) const;
+  int64_t carrierSize() const { return carrierSize_; }
 
   // The latest rank of a call (delay_mode=match; docs/delay.md, "Match mode"): among the targeted ranks below
   // `size` (or `onlyRank` alone when >= 0), the delayed one with the largest quantile draw, which has the largest
@@ -82,6 +90,7 @@ class DelaySchedule {
   uint64_t seed_;
   std::vector<int64_t> ranks_;  // sorted; empty = all
   double burst_ = 0.0;          // 0: independent draws
+  int64_t carrierSize_ = 0;     // delay_carrier=one: the group's size; 0: every targeted rank draws
   double refresh_ = 1.0;        // the chain's per-step refresh probability lambda = 1 / (burst (1 - fraction))
   double logStay_ = 0.0;        // ln(1 - lambda)
   uint64_t block_ = 1;          // the block length of the refresh search, ~1 / lambda

@@ -59,6 +59,12 @@ void OpStats::reset() {
   matchCalls = 0;
   matchNothingAdded = 0;
   matchUncalibrated = 0;
+  for (auto& c : matchNothingAddedBySize) {
+    c = 0;
+  }
+  for (auto& c : matchUncalibratedBySize) {
+    c = 0;
+  }
   staleCalls = 0;
   keptFreshCalls = 0;
   latencyNs.reset();

@@ -1,5 +1,6 @@
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <chrono>
@@ -45,6 +46,9 @@ struct CallTiming {
   // delay_mode=match (docs/delay.md, "Match mode"): >= 0 when the call measures this machine's own latency, the
   // delay injected into it (what the caller experiences minus this is the machine's own); -1 otherwise.
   int64_t ownMinusNs = -1;
+  // How long the rank's earlier held-back calls kept this one queued past its own release (delay/IssuerThread.hpp,
+  // call order): not the call's own latency, so not recorded (the replay queues by itself: docs/profile.md).
+  int64_t queuedNs = 0;
 };
 
 // Where delay_mode=match's calls report this machine's own latency (delay/LocalLatency.hpp).
@@ -74,6 +78,9 @@ struct OpStats {
   std::atomic<uint64_t> matchCalls{0};
   std::atomic<uint64_t> matchNothingAdded{0};
   std::atomic<uint64_t> matchUncalibrated{0};
+  // The same two per size class of the call (the telemetry's classes).
+  std::array<std::atomic<uint64_t>, kSizeClasses> matchNothingAddedBySize{};
+  std::array<std::atomic<uint64_t>, kSizeClasses> matchUncalibratedBySize{};
   void reset();
 };
 
@@ -127,8 +134,10 @@ class GroupStats {
   CudaTimings& cudaTimings() { return cudaTimings_; }
   // A successful call completed now, as its caller sees it: records the time since call.enteredAt.
   void recordCall(OpKind kind, const CallTiming& call) {
-    const auto ns =
-        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.enteredAt).count();
+    const auto ns = std::max<int64_t>(
+        0, std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - call.enteredAt)
+                   .count() -
+               call.queuedNs);
     op(kind).callNsBySize.at(call.sizeClass).record(static_cast<double>(ns));
     if (call.ownMinusNs >= 0 && ownLatency_) {
       ownLatency_->record(kind, call.sizeClass, ns - call.ownMinusNs);

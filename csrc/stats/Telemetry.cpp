@@ -38,7 +38,7 @@ HistogramRecord recordOf(const LogHistogram::Snapshot& s) {
   return r;
 }
 
-std::vector<SizeClassTelemetry> bySizeOf(const SizeHistograms& classes) {
+std::vector<SizeClassTelemetry> bySizeOf(const SizeHistograms& classes, const OpStats& op) {
   std::vector<SizeClassTelemetry> out;
   for (int c = 0; c < kSizeClasses; ++c) {
     const LogHistogram* h = classes.find(c);
@@ -49,7 +49,9 @@ std::vector<SizeClassTelemetry> bySizeOf(const SizeHistograms& classes) {
     if (s.count == 0) {
       continue;
     }
-    out.push_back({sizeClassBytes(c), s.count, summarize(s, kMicrosecondsFromNs), recordOf(s)});
+    out.push_back({sizeClassBytes(c), s.count, summarize(s, kMicrosecondsFromNs), recordOf(s),
+                   op.matchNothingAddedBySize[static_cast<size_t>(c)].load(),
+                   op.matchUncalibratedBySize[static_cast<size_t>(c)].load()});
   }
   return out;
 }
@@ -66,7 +68,7 @@ OpTelemetry opTelemetry(const char* name, uint64_t calls, const OpStats& s) {
   t.keptFreshCalls = s.keptFreshCalls.load();
   t.latency = summarize(s.latencyNs, kMicrosecondsFromNs);
   t.delay = summarize(s.delayNs, kMicrosecondsFromNs);
-  t.bySize = bySizeOf(s.callNsBySize);
+  t.bySize = bySizeOf(s.callNsBySize, s);
   t.matchCalls = s.matchCalls.load();
   t.matchNothingAdded = s.matchNothingAdded.load();
   t.matchUncalibrated = s.matchUncalibrated.load();

@@ -59,6 +59,10 @@ struct SizeClassTelemetry {
   uint64_t calls = 0;
   HistogramSummary latency;  // us
   HistogramRecord histogram;
+  // delay_mode=match: the calls of this class this rank carried with nothing added (its own latency already
+  // reached the target) or before its estimate was calibrated (docs/delay.md, "Match mode").
+  uint64_t matchNothingAdded = 0;
+  uint64_t matchUncalibrated = 0;
 };
 
 // One op of the op table that was called at least once.

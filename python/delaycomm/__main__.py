@@ -1,5 +1,6 @@
 """``python -m delaycomm config``: show the effective configuration (and where each value came from);
-``python -m delaycomm profile``: latency profiles (docs/profile.md)."""
+``python -m delaycomm profile``: latency profiles (docs/profile.md); ``python -m delaycomm profile compare``: a
+replay against its profile."""
 
 from __future__ import annotations
 
@@ -10,6 +11,12 @@ import sys
 
 def main(argv: list[str] | None = None) -> int:
     from delaycomm._config import OPTIONS, format_value
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["profile", "compare"]:  # a replay's fidelity (docs/profile.md, "Fidelity")
+        from delaycomm import fidelity
+
+        return fidelity.main(argv[2:])
 
     epilog = (
         "options (keyword / environment variable / default / same on every rank):\n"

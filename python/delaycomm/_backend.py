@@ -71,7 +71,7 @@ def create_backend(dist_opts, pg_options):
     native = _C.BackendOptions()
     native.timeout = timeout
     native.group_name = group_name
-    _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)))
+    _fill_delay_options(native, cfg, rank, timeout, members, every_rank=members == list(range(world)), world=world)
     _fill_stale_options(native, cfg, store)
     if cfg.staleness != "bsp":
         # The owners of gradient reductions (docs/staleness.md, "Which reductions go stale").
@@ -124,6 +124,7 @@ def _fill_delay_options(
     timeout: timedelta,
     members: list[int] | None = None,
     every_rank: bool = True,
+    world: int | None = None,
 ) -> None:
     """Fill the native delay options (``native.delay``, a ``DelayOptions``) from the option table: each delay
     option names its field and its value there (``_config.Native``); warn when the tail reaches the group's timeout.
@@ -140,12 +141,31 @@ def _fill_delay_options(
             setattr(delay, opt.native.field, opt.native.value(cfg.values, group))
     if delay.spec.is_none or delay.fraction == 0.0:
         return
+    if world is not None:
+        _warn_profile_world(cfg, world)
     p9999 = delay.spec.quantile(0.9999)  # the parsed spec: its file is not read again
     if p9999 > timeout.total_seconds():
         warnings.warn(
             f"delaycomm: the delay {cfg.delay!r} has a P99.99 of {p9999:.3f} s, longer than the group's timeout of "
             f"{timeout.total_seconds():g} s: delayed collectives in that tail will fail with a timeout error "
             "(raise the timeout of init_process_group/new_group, or choose a lighter tail)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+
+def _warn_profile_world(cfg: EffectiveConfig, world: int) -> None:
+    """A profile recorded at another world size replays as recorded: latency grows with the ranks, so say so,
+    unless the profile was re-targeted to a scale (``metadata.retargeted``: docs/profile.md, docs/costmodel.md)."""
+    meta = getattr(cfg.delay, "metadata", None)
+    if not isinstance(meta, dict) or meta.get("retargeted"):
+        return
+    recorded = meta.get("world_size")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded != world:
+        warnings.warn(
+            f"delaycomm: the profile {cfg.delay!r} was recorded at a world size of {recorded} and is replayed at "
+            f"{world}: its latencies are replayed as recorded, not scaled (re-target it to this scale with "
+            f"`python -m delaycomm profile SOURCE --ranks {world} --nodes M -o FILE`: docs/profile.md)",
             RuntimeWarning,
             stacklevel=3,
         )

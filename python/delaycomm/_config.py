@@ -124,10 +124,12 @@ class Delay(str):
     profile's file read once and kept, its content digest). Everything after the option check reads ``spec``."""
 
     spec: Any
+    metadata: Any  # a profile's metadata object (docs/profile.md, "Schema"); None for other specs
 
-    def __new__(cls, text: str, spec: Any) -> Delay:
+    def __new__(cls, text: str, spec: Any, metadata: Any = None) -> Delay:
         self = super().__new__(cls, text)
         self.spec = spec
+        self.metadata = metadata
         return self
 
     def __reduce__(self):  # type: ignore[override]
@@ -145,10 +147,10 @@ def _parse_delay(v: Any) -> Delay:
     if text.lower() in ("none", "off", "0"):
         text = "none"
     try:
-        spec = _spec.parse(text)
+        spec, metadata = _spec.parse_with_metadata(text)
     except ValueError as e:
         raise _Invalid(None, delay_spec_error(str(e))) from None
-    return Delay(text, spec)
+    return Delay(text, spec, metadata)
 
 
 def parse_delay(v: Any) -> Delay:
@@ -584,11 +586,20 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option(
         "delay_mode",
-        _parse_choice("add", "match"),
-        "add",
+        _parse_choice("add", "match", "auto"),
+        "auto",
         "add: the delay is added to the op's own latency; match: only what the call needs on top of this "
-        "machine's own latency is added, so that the call's latency follows the distribution (docs/delay.md)",
+        "machine's own latency is added, so that the call's latency follows the distribution (docs/delay.md); "
+        "auto: match for profile:FILE, add otherwise",
         native=Native("mode", _enum("DelayMode", "delay_mode")),
+    ),
+    Option(
+        "delay_carrier",
+        _parse_choice("all", "one", "auto"),
+        "auto",
+        "all: every targeted rank draws its own delay of a call; one: one targeted rank per call, drawn from the "
+        "schedule, carries it (the call follows one draw); auto: one for profile:FILE, all otherwise",
+        native=Native("one_carrier", lambda v, g: v["delay_carrier"] == "one"),
     ),
     Option(
         "delay_burst",
@@ -835,6 +846,13 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
         # A profile is the distribution of every call (docs/profile.md): by default every call draws from it.
         delay = values["delay"]
         values["delay_fraction"] = 0.0 if delay == "none" else 1.0 if delay.spec.family == "profile" else 0.3
+    # A profile holds the latency callers experienced per (op, size class): one draw per call, matched on top of
+    # this machine's own latency, replays it (docs/profile.md, "Replay"). Options given explicitly stay as given.
+    profile = values["delay"] != "none" and values["delay"].spec.family == "profile"
+    if values["delay_mode"] == "auto":
+        values["delay_mode"] = "match" if profile else "add"
+    if values["delay_carrier"] == "auto":
+        values["delay_carrier"] = "one" if profile else "all"
     burst = _BY_NAME["delay_burst"]
     _check_delay_burst(values, origins, merged.given.get(burst.name, env.get(burst.env)))
     return EffectiveConfig(values=values, sources=sources, origins=origins)

@@ -273,6 +273,19 @@ def _stats_histogram(h: Any, f: str) -> dict[str, Any]:
     return out
 
 
+def _stats_match(m: Any, f: str) -> dict[str, int]:
+    """delay_mode=match's counters of a size class (docs/delay.md, "Match mode"); absent (older files, add mode):
+    zeros."""
+    if m is None:
+        return {"nothing_added": 0, "uncalibrated": 0}
+    if not isinstance(m, dict):
+        raise _Invalid(f, f"is {_type(m)} (expected an object)")
+    return {
+        k: _whole(m.get(k, 0), f"{f}.{k}", 0, MAX_COUNT, "a whole number >= 0")
+        for k in ("nothing_added", "uncalibrated")
+    }
+
+
 def _stats_ops(g: dict, f: str) -> dict[str, list[tuple[int, dict[str, Any]]]]:
     ops = _need(g, f, "ops", dict, "an object of op name: its counters")
     out = {}
@@ -295,9 +308,9 @@ def _stats_ops(g: dict, f: str) -> dict[str, list[tuple[int, dict[str, Any]]]]:
                             "0 or a power of two")  # fmt: skip
             if nbytes & (nbytes - 1):
                 raise _Invalid(f"{ef}.bytes", f"is {nbytes} (expected 0 or a power of two: a size class)")
-            classes.append(
-                (nbytes, _stats_histogram(_need(entry, ef, "histogram", dict, "an object"), f"{ef}.histogram"))
-            )
+            h = _stats_histogram(_need(entry, ef, "histogram", dict, "an object"), f"{ef}.histogram")
+            h["match"] = _stats_match(entry.get("match"), f"{ef}.match")
+            classes.append((nbytes, h))
         out[op] = classes
     return out
 

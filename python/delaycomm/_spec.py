@@ -11,14 +11,20 @@ from __future__ import annotations
 
 from delaycomm import _C, _readers, _schema
 
-__all__ = ["parse"]
+__all__ = ["parse", "parse_with_metadata"]
 
 
 def parse(text: str):
+    """The parsed spec of ``text``: :func:`parse_with_metadata`'s spec."""
+    return parse_with_metadata(text)[0]
+
+
+def parse_with_metadata(text: str):
     """The parsed spec of ``text`` (``exp:p99=400ms``, ``trace:FILE``, ``profile:FILE``, ``none``...).
 
     Returns:
-        An immutable ``delaycomm._C.DelaySpec``.
+        ``(spec, metadata)``: an immutable ``delaycomm._C.DelaySpec``, and a profile's ``metadata`` object (the
+        job it was recorded in: ``world_size``, ``retargeted``...; docs/profile.md) or None for other specs.
 
     Raises:
         ValueError: ``delaycomm: invalid delay spec 'TEXT': WHY`` (the native grammar's, or the file's: ``trace file
@@ -26,12 +32,12 @@ def parse(text: str):
     """
     source = _C.delay_spec_file(text)
     if source is None:
-        return _C.DelaySpec.parse(text)
+        return _C.DelaySpec.parse(text), None
     family, path = source
     try:
         if family == "trace":
-            return _C.DelaySpec.of_trace(text, _readers.read_trace(path))
-        _, profile = _schema.read_profile(path)
-        return _C.DelaySpec.of_profile(text, profile)
+            return _C.DelaySpec.of_trace(text, _readers.read_trace(path)), None
+        doc, profile = _schema.read_profile(path)
+        return _C.DelaySpec.of_profile(text, profile), doc["metadata"]
     except _readers.FileError as e:
         raise ValueError(_C.delay_spec_error(text, str(e))) from None

@@ -277,11 +277,12 @@ def write(profile: dict[str, Any], path: str, inputs: Sequence[str] = ()):
 
 
 def profile_rows(spec) -> list[dict[str, Any]]:
-    """One row per (op, size class) of a profile's spec (:func:`load`): op, bytes, calls and the replay's
-    quantiles and max in microseconds."""
+    """One row per (op, size class) of a profile's spec (:func:`load`): op, bytes, calls, rare (fewer than
+    ``DelayProfile.min_class_calls`` calls: replayed from the op's other classes) and the replay's quantiles and
+    max in microseconds."""
     rows = []
     for c in spec.profile.class_info():
-        row: dict[str, Any] = {"op": c["op"], "bytes": c["bytes"], "calls": c["count"]}
+        row: dict[str, Any] = {"op": c["op"], "bytes": c["bytes"], "calls": c["count"], "rare": c["rare"]}
         for q, name in QUANTILES:
             row[name] = spec.quantile(q, op=c["op"], nbytes=c["bytes"]) * 1e6
         row["max"] = c["max_ns"] * 1e-3
@@ -295,6 +296,7 @@ _COLUMNS = (
     Column("calls", width=9),
     *(Column(name, "us", fmt="{:.1f}", width=10) for _, name in QUANTILES),
     Column("max", "us", fmt="{:.1f}", width=10),
+    Column("note", value=lambda r: "rare: drawn from the op's other classes" if r["rare"] else "", align="<"),
 )
 
 

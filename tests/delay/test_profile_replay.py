@@ -274,16 +274,19 @@ def test_record_build_show_and_replay_a_profile(tmp_path, two_sizes):
     assert [(row[0], int(row[1]), int(row[2])) for row in rows] == [("allreduce", n, 2 * calls) for n in SIZES]
     assert all(float(row[3]) >= 3000 * 0.98 for row in rows)  # p50 in us
 
-    # 3. Job B replayed the hand-made profile: each size waited its own class's delay (2 ms and 8 ms). Upper bounds
-    # of wall-clock times are left out: this machine's own latency comes on top and is noisy.
+    # 3. Job B replayed the hand-made profile with nothing but DELAYCOMM_DELAY=profile:FILE: one rank carried each
+    # call (a profile's delay_carrier=one; delay_fraction 1), in match mode, so each size's experienced latency
+    # follows its own class (2 ms and 8 ms). Bounds are loose: match mode subtracts this machine's own latency, an
+    # estimate on a shared machine (docs/delay.md, "Match mode").
+    carried = [res[rank]["b_stats"]["ops"]["allreduce"]["match"]["calls"] for rank in range(2)]
+    assert sum(carried) == 2 * calls and min(carried) > 0, carried  # every call had one carrier, both ranks carried
     for rank in range(2):
         b = res[rank]["b_stats"]["ops"]["allreduce"]
-        assert b["delayed_calls"] == 2 * calls  # delay_fraction is 1 for a profile
-        assert b["delay"]["min_us"] == pytest.approx(2000, rel=0.02) and b["delay"]["p50_us"] < 2000 * 1.02
-        assert b["delay"]["max_us"] == pytest.approx(8000, rel=0.03) and b["delay"]["p90_us"] > 8000 * 0.98
+        assert b["delayed_calls"] == carried[rank]
+        assert b["delay"]["max_us"] <= 8000 * 1.03, b["delay"]  # never more than the largest target
         lat = {c["bytes"]: c["latency"] for c in b["by_size"]}
-        assert 2000 * 0.98 <= lat[1024]["min_us"] < 8000 * 0.98, lat  # its own class, not the 64 KiB one's
-        assert lat[65536]["min_us"] >= 8000 * 0.98, lat
+        assert 2000 * 0.8 <= lat[1024]["p50_us"] < 8000 * 0.8, lat  # its own class, not the 64 KiB one's
+        assert lat[65536]["p50_us"] >= 8000 * 0.8, lat
     # 4. A profile whose content differs between the ranks is the same error on every rank.
     for rank in range(2):
         m = res[rank]["mismatch"]

@@ -74,8 +74,11 @@ def test_each_rank_replays_what_the_ranks_agreed_on_whatever_happens_to_the_file
     monkeypatch.setattr(_backend, "agree", agree_then_rewrite)
 
     def body(ctx):
-        first = _replayed_ms(ctx.group(delay=f"profile:{path}"))
-        second = _replayed_ms(ctx.group(delay=f"profile:{path}"))  # created after the rewrite: the new content
+        # Every rank draws and injects its whole draw (not a profile's defaults, match mode and one carrier per
+        # call, which tests/delay/test_replay.py covers), so what each rank drew shows in its delays.
+        kw = {"delay_mode": "add", "delay_carrier": "all"}
+        first = _replayed_ms(ctx.group(delay=f"profile:{path}", **kw))
+        second = _replayed_ms(ctx.group(delay=f"profile:{path}", **kw))  # created after the rewrite: the new content
         return first, second
 
     results = run_threads(body, 2, timeout=50)

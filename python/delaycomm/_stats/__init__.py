@@ -16,6 +16,7 @@ from delaycomm._registry import backend_of, live_backends
 from delaycomm._tools import table
 from delaycomm._tools.machine import machine_info
 from delaycomm._tools.table import Column
+from delaycomm._tools.units import format_size
 
 __all__ = ["stats", "reset_stats", "report", "group_stats"]
 
@@ -116,6 +117,7 @@ def format_table(data: dict[str, Any]) -> str:
     """Format one group's stats (as :func:`stats` returns them for a group) as a fixed-column table."""
     title = f"delaycomm group {data.get('group', '?')!r} rank {data.get('rank')}/{data.get('world_size')}"
     lines = [table.format_table(_COLUMNS, sorted(data.get("ops", {}).items()), header=[title], sep=" ")]
+    lines.extend(_match_lines(data.get("ops", {})))
     sd = data.get("slowdown", {})
     if sd.get("calls"):
         lines.append(
@@ -144,6 +146,25 @@ def format_table(data: dict[str, Any]) -> str:
         )
         lines.append("# staleness " + _step_text(st))
     return "\n".join(lines)
+
+
+def _match_lines(ops: dict[str, Any]) -> list[str]:
+    """delay_mode=match's exceptions per op and size class (docs/delay.md, "Match mode"): calls whose target was
+    shorter than this machine's own latency (nothing added: the call took longer than its target), and calls
+    carried before the own-latency estimate was calibrated (the whole target added, as delay_mode=add)."""
+    lines = []
+    for name, op in sorted(ops.items()):
+        carried = op.get("match", {}).get("calls", 0)
+        for c in op.get("by_size", []):
+            m = c.get("match", {})
+            short, uncal = m.get("nothing_added", 0), m.get("uncalibrated", 0)
+            if short or uncal:
+                lines.append(
+                    f"# match: {name} {format_size(c['bytes'])}: target shorter than the own latency on {short} "
+                    f"call(s) (nothing added), uncalibrated on {uncal} (whole target added), of {c['calls']} "
+                    f"call(s) ({carried} carried by this rank for the op)"
+                )
+    return lines
 
 
 def _step_text(st: dict[str, Any]) -> str:
