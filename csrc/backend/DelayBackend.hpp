@@ -250,7 +250,7 @@ class DelayBackend : public c10d::Backend {
   const BackendOptions options_;
   const std::shared_ptr<GroupStats> stats_;
   std::atomic<uint64_t> seq_{0};
-  std::atomic<uint64_t> collectiveSeq_{0};  // admit(): the group's collectives (not send/recv)
+  std::atomic<uint64_t> collectiveSeq_{0};   // admit(): the group's collectives (not send/recv)
   std::unique_ptr<DelayInjector> injector_;  // before stale_, which reads its schedule
   // Nothing configured acts on this rank's ops (!injector_->engaged()): CPU ops take runDirect().
   bool fastPath_ = true;

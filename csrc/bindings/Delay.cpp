@@ -127,14 +127,13 @@ void bindSampler(py::module_& m) {
 void bindSchedule(py::module_& m) {
   py::class_<DelaySchedule>(m, "DelaySchedule",
                             "Which calls of which rank are delayed and by how much: f(seed, rank, stream, seq).")
-      .def(
-          py::init([](const py::object& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst,
-                      int64_t carrierSize) {
-            return DelaySchedule(specArgument(spec, "DelaySchedule"), fraction,
-                                 checkedUnsigned(seed, "DelaySchedule", "seed"), std::move(ranks), burst, carrierSize);
-          }),
-          py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
-          py::arg("burst") = 0.0, py::arg("carrier_size") = 0)
+      .def(py::init([](const py::object& spec, double fraction, int64_t seed, std::vector<int64_t> ranks, double burst,
+                       int64_t carrierSize) {
+             return DelaySchedule(specArgument(spec, "DelaySchedule"), fraction,
+                                  checkedUnsigned(seed, "DelaySchedule", "seed"), std::move(ranks), burst, carrierSize);
+           }),
+           py::arg("spec"), py::arg("fraction"), py::arg("seed") = 0, py::arg("ranks") = std::vector<int64_t>{},
+           py::arg("burst") = 0.0, py::arg("carrier_size") = 0)
       .def(
           "carrier",
           [](const DelaySchedule& s, int64_t stream, int64_t seq) {

@@ -125,12 +125,12 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
     auto& warned = uncalibratedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
     if (!warned.exchange(true, std::memory_order_relaxed)) {
       warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
-                 sizeClassBytes(cls), "): this machine's own latency is not estimated yet (",
-                 local_->at(op.kind, cls).count(), " of ", LatencyEstimate::kMinSamples,
-                 " observations), so this call and the next ones of the class until it is get the whole target ",
-                 "added, as delay_mode=add does (their latency comes out long by this machine's own). Counted in "
-                 "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
-                 "class"));
+                    sizeClassBytes(cls), "): this machine's own latency is not estimated yet (",
+                    local_->at(op.kind, cls).count(), " of ", LatencyEstimate::kMinSamples,
+                    " observations), so this call and the next ones of the class until it is get the whole target ",
+                    "added, as delay_mode=add does (their latency comes out long by this machine's own). Counted in "
+                    "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
+                    "class"));
     }
   } else if (own >= latest.ns) {
     s.matchNothingAdded.fetch_add(1, std::memory_order_relaxed);
@@ -138,11 +138,11 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
     auto& warned = nothingAddedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
     if (!warned.exchange(true, std::memory_order_relaxed)) {
       warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
-                 sizeClassBytes(cls), "): the target latency ", msText(latest.ns),
-                 " ms is shorter than this machine's own latency of ", msText(own),
-                 " ms at the same quantile; nothing is added, and the call takes longer than its target (a call "
-                 "cannot be made faster). Counted per size class in stats()[\"ops\"][op][\"by_size\"][i][\"match\"]"
-                 "[\"nothing_added\"] and in report(); warned once per op and size class"));
+                    sizeClassBytes(cls), "): the target latency ", msText(latest.ns),
+                    " ms is shorter than this machine's own latency of ", msText(own),
+                    " ms at the same quantile; nothing is added, and the call takes longer than its target (a call "
+                    "cannot be made faster). Counted per size class in stats()[\"ops\"][op][\"by_size\"][i][\"match\"]"
+                    "[\"nothing_added\"] and in report(); warned once per op and size class"));
     }
   }
   return added;

@@ -134,7 +134,7 @@ class DelayInjector {
   // delay_mode=match: a target shorter than the own latency was warned about, per (op, size class).
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> nothingAddedWarned_{};
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> uncalibratedWarned_{};
-  std::atomic<int64_t> timeoutMs_;         // timeout(); options_.timeout until setTimeout()
+  std::atomic<int64_t> timeoutMs_;  // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };
 

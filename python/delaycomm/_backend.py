@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ddp, _fsdp, _nccl, _ops, _owners, _registry
+from delaycomm import _C, _ddp, _fsdp, _nccl, _owners, _registry
 from delaycomm._agree import agree
 from delaycomm._config import OPTIONS, EffectiveConfig, GroupView, format_value, group_seed, invalid_value, resolve
 from delaycomm._stats import file as statsfile
