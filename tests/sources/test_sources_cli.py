@@ -59,7 +59,10 @@ def test_a_log_a_trace_and_stats_are_told_apart_by_content_and_errors_name_the_f
 @pytest.mark.timeout(120)
 def test_a_test_job_replays_its_clusters_nccl_tests_log(tmp_path):
     """The README's path: the cluster's nccl-tests log -> profile -> DELAYCOMM_DELAY=profile:FILE in a 2-rank job
-    that sets nothing else. Each call's delay is drawn from its class: the log's mean time for that size."""
+    that sets nothing else. A profile replays by default in match mode with one carrier per call: every call is
+    carried by exactly one rank, drawn from its class (the log's mean time for that size). The cluster's 1 MiB
+    all-reduce (~93 us on its GPUs) is shorter than this CPU's own, and match mode cannot make a call faster: that
+    is counted per size (the warning, once per size: tests/delay/test_replay.py), never replayed another way."""
     from delaycomm import _C
 
     prof = str(tmp_path / "cluster.json")
@@ -68,6 +71,7 @@ def test_a_test_job_replays_its_clusters_nccl_tests_log(tmp_path):
     want_p50_us = sampler.quantile(0.5, op="allreduce", nbytes=MiB) * 1e6
     (cls,) = [c for c in json.loads(open(prof).read())["ops"]["allreduce"] if c["bytes"] == MiB]
     mean_us = cls["sum_ns"] / cls["count"] / 1e3
+    assert want_p50_us < mean_us  # a spread whose mean is the table's time, not a constant
 
     def job(ctx):
         import torch
@@ -81,9 +85,11 @@ def test_a_test_job_replays_its_clusters_nccl_tests_log(tmp_path):
             dist.all_reduce(t, group=g, async_op=True).wait()
         return delaycomm.stats(g)["ops"]["allreduce"]
 
-    for s in run_threads(job, 2, timeout=90):
-        assert s["delayed_calls"] == 60  # a profile delays every call by default
-        assert s["delay"]["p50_us"] == pytest.approx(want_p50_us, rel=0.06)
-        assert want_p50_us < mean_us < s["delay"]["max_us"]  # a spread around the table's mean, not a constant
-        (lat,) = s["by_size"]
-        assert lat["bytes"] == MiB and lat["latency"]["min_us"] >= s["delay"]["min_us"] * 0.98
+    results = run_threads(job, 2, timeout=90)
+    assert sum(s["delayed_calls"] for s in results) == 60  # one carrier per call, every call carried
+    for s in results:
+        (size,) = s["by_size"]
+        assert size["bytes"] == MiB and size["calls"] == 60, size
+        m = size["match"]
+        assert m["nothing_added"] + m["uncalibrated"] > 0 and s["match"]["calls"] == s["delayed_calls"], s
+        assert s["delay"]["max_us"] <= cls["max_ns"] / 1e3 * 1.02  # what is added never exceeds the class's draws
