@@ -200,6 +200,9 @@ def test_match_mode_agrees_on_the_carrier_after_a_send():
     # the count of collectives, which every rank makes, so every all-reduce still waits for its delay.
     results = spawn(w.carrier_after_send, 3, timeout=55, n=24, delay_ms=100)
     for rank, r in enumerate(results):
-        short = [round(t * 1e3, 1) for t in r["times"] if t < 0.1]
+        # Match mode brings each call to about the target as the carrier sees it: a rank that entered the call a
+        # little after the carrier sees a little less (98 ms was seen under load). A call the ranks disagree on
+        # has no carrier and takes the op's own ~2 ms; half the delay tells the two apart.
+        short = [round(t * 1e3, 1) for t in r["times"] if t < 0.05]
         assert not short, (rank, short)
     assert sum(r["carried"][0] for r in results) == 24  # one carrier per call, the same on every rank
