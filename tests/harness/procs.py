@@ -24,6 +24,7 @@ from datetime import timedelta
 from typing import Any
 
 from delaycomm._tools.launch import Outcome, RankError, describe_exit, run_ranks
+from delaycomm.experiment.forked import PRELOAD as _FORKED_PRELOAD
 
 __all__ = [
     "run_procs",
@@ -40,17 +41,7 @@ __all__ = [
 # used (seconds); importing them starts no thread, so forking after it is safe (as delaycomm.experiment does).
 # pytest too: a rank imports its function's test module, and that module imports pytest (a second or two per rank
 # on a loaded 2-core machine).
-PRELOAD = [
-    "pytest",
-    "torch",
-    "torch.distributed",
-    "delaycomm",
-    "torch.nn.parallel",
-    "torch._dynamo",
-    "torch.distributed._functional_collectives",
-    "torch.distributed.fsdp",
-    "torch.distributed.tensor",
-]
+PRELOAD = ["pytest", *_FORKED_PRELOAD]  # the experiment's fork server imports the same (one list)
 
 # After a rank fails, how long the others get to report before they are stopped.
 _GRACE_S = 5.0
