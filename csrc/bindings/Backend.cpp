@@ -120,8 +120,13 @@ void bindBackendHooks(py::class_<DelayBackend, GilReleasingHolder<DelayBackend>,
       .def(
           "_set_shutdown_hook",
           [](DelayBackend& self, py::function fn) {
-            self.setShutdownHook([cb = PyCallback(std::move(fn))] {
-              if (!cb.call("delaycomm shutdown hook", true)) {
+            // The hook gets its backend when it is called: holding it (or a weak reference to its Python object,
+            // which can be revived while pybind11 frees that object) would outlive or resurrect it. shutdown()
+            // runs on a live backend, so a new reference to it is sound.
+            DelayBackend* raw = &self;
+            self.setShutdownHook([cb = PyCallback(std::move(fn)), raw] {
+              if (!cb.call("delaycomm shutdown hook", true,
+                           GilReleasingHolder<DelayBackend>(c10::intrusive_ptr<DelayBackend>::reclaim_copy(raw)))) {
                 LOG(WARNING) << "delaycomm: a group shut down at interpreter exit: its shutdown hook (the stats "
                                 "file) did not run; call destroy_process_group() before exit";
               }
@@ -190,13 +195,21 @@ void bindOptions(py::module_& m) {
 
 void bindBackend(py::module_& m) {
   py::class_<DelayBackend, GilReleasingHolder<DelayBackend>, c10d::Backend> cls(m, "DelayBackend");
+  // NOTE: the GIL is released around the construction only (it may wait on the store), never with a call_guard: a
+  // factory's call_guard also covers pybind11 registering the new instance in its table of live instances, and
+  // two ranks-as-threads registering at once without the GIL corrupted that table ("Tried to deallocate
+  // unregistered instance", then unknown opcodes; tests/harness/test_threads.py).
   cls.def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                       c10::intrusive_ptr<c10d::Backend> cudaInner, const BackendOptions& options) {
-            return GilReleasingHolder<DelayBackend>(
-                c10::make_intrusive<DelayBackend>(rank, size, std::move(cpuInner), std::move(cudaInner), options));
+            c10::intrusive_ptr<DelayBackend> backend;
+            {
+              py::gil_scoped_release release;
+              backend =
+                  c10::make_intrusive<DelayBackend>(rank, size, std::move(cpuInner), std::move(cudaInner), options);
+            }
+            return GilReleasingHolder<DelayBackend>(std::move(backend));
           }),
-          py::arg("rank"), py::arg("size"), py::arg("cpu_inner"), py::arg("cuda_inner"), py::arg("options"),
-          py::call_guard<py::gil_scoped_release>())
+          py::arg("rank"), py::arg("size"), py::arg("cpu_inner"), py::arg("cuda_inner"), py::arg("options"))
       .def(
           "stats",
           [](DelayBackend& self) {

@@ -165,7 +165,15 @@ def run_threads(
                 errors[ctx.rank] = tb
                 done.notify_all()
             return
-        ctx.shutdown()
+        try:
+            ctx.shutdown()
+        except BaseException:  # noqa: BLE001 - shutdown() ignores the groups' errors: this one is the harness's
+            with done:
+                errors[ctx.rank] = "after its function returned, shutting down its groups raised:\n" + (
+                    traceback.format_exc()
+                )
+                done.notify_all()
+            return
         with done:
             results[ctx.rank] = value
             done.notify_all()

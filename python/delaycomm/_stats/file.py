@@ -16,12 +16,12 @@ A process that creates a group whose file it already used (a second init/destroy
 from __future__ import annotations
 
 import atexit
+import functools
 import logging
 import os
 import stat
 import threading
 import warnings
-import weakref
 
 from delaycomm import _registry
 from delaycomm._config import EffectiveConfig, invalid_value, shorten, stats_file
@@ -116,12 +116,8 @@ def arm(group_name: str, stats: tuple[str, str] | None, backend) -> None:
             _due[group_name] = path
             key = os.path.abspath(first)
             _cycles[key] = _cycles.get(key, 0) + 1
-    backend._set_shutdown_hook(_shutdown_hook(group_name, path, backend))
-
-
-def _shutdown_hook(group_name: str, path: str | None, backend):
-    ref = weakref.ref(backend)  # the hook must not keep its own backend alive
-    return lambda: on_shutdown(group_name, path, ref())
+    # The hook is given its backend when it runs: it must not keep it alive, nor revive it through a weak reference.
+    backend._set_shutdown_hook(functools.partial(on_shutdown, group_name, path))
 
 
 def on_shutdown(group_name: str, path: str | None, backend) -> None:
