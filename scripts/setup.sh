@@ -19,7 +19,8 @@ if [ ! -x "$venv/bin/python" ]; then
   echo "# creating $venv" >&2
   "$py" -m venv "$venv"
 fi
-# --no-compile: no .pyc for all of torch up front; Python writes them for what is imported, when it is.
+# --no-compile: no .pyc for all of torch up front; Python writes them for what is imported, when it is (scripts/test.sh
+# keeps them in build/pycache, also where PYTHONDONTWRITEBYTECODE is set).
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 mapfile -t requirements < <(pyproject requirements)
 echo "# installing torch==$torch_version and ${#requirements[@]} build, test and lint requirements (pyproject.toml)" >&2

@@ -29,6 +29,11 @@ cd "$root"
 . scripts/lib.sh
 py="$root/.venv/bin/python"
 export OMP_NUM_THREADS=1 TORCH_DEVICE_BACKEND_AUTOLOAD=1
+# Python's bytecode cache, kept in build/ (never beside the sources). Where PYTHONDONTWRITEBYTECODE is set (this
+# project's machines set it), no cache is written, and every interpreter compiles torch's sources again: `import
+# torch` takes 6 s of CPU instead of under 2 s. The test stage starts many interpreters (docs/ci.md, "Stages").
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$root/build/pycache"
 torch_cpu=$(pyproject torch-cpu)
 mkdir -p build
 
@@ -88,7 +93,8 @@ stage "lint: ruff, clang-format, function length, docs" lint
 # One pytest run for the tests and the benchmark suite (benchmarking disabled: it keeps the suite from rotting), on
 # four workers on two cores (pytest-xdist): most tests wait on ranks, sleeps or timeouts (docs/ci.md, "Stages").
 # --dist loadfile: a file's tests stay on one worker, so a module's fixtures (a measured baseline, a group of
-# ranks) run once. DELAYCOMM_TEST_WORKERS=0 runs them in one process.
+# ranks) run once; --no-loadscope-reorder: the files go out in the collection's order, the slowest first
+# (tests/conftest.py, SLOWEST_FIRST). DELAYCOMM_TEST_WORKERS=0 runs them in one process.
 # The tests marked slow run with --slow only (docs/ci.md, "The default run and --slow").
 workers=${DELAYCOMM_TEST_WORKERS:-4}
 unset_script_knobs
@@ -99,7 +105,7 @@ else
 fi
 stage "tests and benchmark smoke ($what)" \
   "$py" -m pytest tests bench -q -p no:cacheprovider --benchmark-disable --durations=20 \
-  -n "$workers" --dist loadfile "${selection[@]}"
+  -n "$workers" --dist loadfile --no-loadscope-reorder "${selection[@]}"
 
 if [ -n "$cuda_pid" ]; then
   stage "CUDA compile check: waiting for the background job" cuda_prepared

@@ -36,8 +36,54 @@ def pytest_itemcollected(item):
     start_fork_server()
 
 
+# The slowest files of the default run, slowest first (seconds on the 2-core VM, 4 workers, 2026-12-03:
+# `--durations`). pytest-xdist hands whole files to its workers in the order of the collection (scripts/test.sh
+# passes --no-loadscope-reorder, which would otherwise order them by their number of tests), so these start first
+# and the workers end together instead of one worker running a long file alone at the end (docs/ci.md, "Stages").
+# A file not listed runs after them, in the usual order; a listed file that is gone fails the run.
+SLOWEST_FIRST = (
+    "tests/stale/test_acceptance.py",  # 41-64 s
+    "tests/backend/test_config.py",  # 44-52 s
+    "tests/experiment/test_experiment_multiproc.py",  # 31-33 s
+    "tests/bench/test_bench_ranks.py",  # 32-33 s
+    "tests/delay/test_timeouts.py",  # 30-31 s
+    "tests/kernels/test_blend.py",  # 23-37 s
+    "tests/stale/test_limits.py",  # 21-22 s
+    "tests/delay/test_delay_ranks.py",  # 21 s
+    "tests/stale/test_paths.py",  # 19-21 s
+    "tests/stale/test_fsdp.py",  # 17-21 s
+    "tests/stale/test_engine.py",  # 19-20 s
+    "tests/delay/test_spec.py",  # 19-24 s
+    "tests/backend/test_registration.py",  # 14-28 s
+    "tests/backend/test_imports.py",  # 13-33 s
+    "tests/delay/test_sampler.py",  # 17-19 s
+    "tests/delay/test_profile_replay.py",  # 18 s
+    "tests/stats/test_stats_file.py",  # 12-22 s
+    "tests/sim/test_sim_cli.py",  # 14-18 s
+    "tests/stale/test_calibration.py",  # 16-17 s
+    "tests/stale/test_owners.py",  # 11-21 s
+    "tests/backend/test_api.py",  # 14-15 s
+    "tests/experiment/test_experiment_claims.py",  # 12-16 s
+    "tests/backend/test_collectives.py",  # 12-13 s
+    "tests/delay/test_profile_cli.py",  # 12 s
+    "tests/stale/test_engine_waits.py",  # 11 s
+)
+
+
+def _slowest_first(config, items) -> None:
+    root = config.rootpath
+    gone = [f for f in SLOWEST_FIRST if not (root / f).is_file()]
+    if gone:
+        raise pytest.UsageError(f"tests/conftest.py: SLOWEST_FIRST names files that are gone: {gone}")
+    rank = {str(root / f): i for i, f in enumerate(SLOWEST_FIRST)}
+    order = {id(item): n for n, item in enumerate(items)}
+    items.sort(key=lambda item: (rank.get(str(item.path), len(rank)), order[id(item)]))
+
+
 def pytest_collection_modifyitems(config, items):
-    """A ``gpu`` test must say so in its own file (see above): the GPU check finds GPU tests by that text."""
+    """The slowest files first (above); a ``gpu`` test must say so in its own file (see the module's docstring):
+    the GPU check finds GPU tests by that text."""
+    _slowest_first(config, items)
     texts: dict[str, bool] = {}
     hidden = []
     for item in items:
