@@ -16,6 +16,7 @@ OUT/jobs.log each job's output. Exit status 1 when B misses (C is shown beside i
 
   python bench/roundtrip.py --calls 500 --out bench/results/DATE-vm2core-roundtrip
   python bench/roundtrip.py --calls 120 --out /tmp/rt --jobs A,B --quantiles 0.5,0.9   # what the CI test runs
+  python bench/roundtrip.py --calls 500 --out /tmp/rt-load --replay-load 1   # the replays under one busy core more
 """
 
 from __future__ import annotations
@@ -110,7 +111,7 @@ def _run_job(name: str, env: dict[str, str], args, log) -> dict[str, list[float]
     return pooled
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calls", type=int, default=500, help="timed calls per size and job (default 500)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed calls per size first (default 20)")
@@ -119,8 +120,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quantiles", default="0.5,0.9,0.99", help="quantiles judged (default 0.5,0.9,0.99)")
     ap.add_argument("--port", type=int, default=0, help="torchrun's master port (default: a free one per job)")
     ap.add_argument("--job-timeout", type=float, default=600.0, help="seconds per job")
+    ap.add_argument(
+        "--replay-load",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N busy processes (one core each) during the replays B and C, not during A: a replay under other "
+        "load than its recording (default 0)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--times-out", help=argparse.SUPPRESS)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = _parser()
     args = ap.parse_args(argv)
     if args.worker:
         worker(args.calls, args.warmup, args.times_out)
@@ -150,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "load_before": os.getloadavg()},
         "calls_per_size": args.calls,
         "warmup_per_size": args.warmup,
+        "replay_load": args.replay_load,
         "sizes": SIZES,
         "jobs": {},
         "tolerance": {str(q): TOLERANCE.get(q, 0.25) for q in quantiles},
@@ -161,9 +176,15 @@ def main(argv: list[str] | None = None) -> int:
         log.write(f"### profile: {' '.join(cmd[1:])}\n")
         log.flush()
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
-        for job in jobs:
-            if job != "A":
-                times[job] = _run_job(job, envs[job], args, log)
+        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.replay_load)]
+        try:
+            for job in jobs:
+                if job != "A":
+                    times[job] = _run_job(job, envs[job], args, log)
+        finally:
+            for h in hogs:
+                h.kill()
+                h.wait()
     result["load_after"] = os.getloadavg()
     result["wall_s"] = round(time.time() - t0, 1)
     ok = True

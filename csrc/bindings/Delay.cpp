@@ -16,6 +16,7 @@
 #include "delay/DelaySpec.hpp"
 #include "delay/Fit.hpp"
 #include "delay/IssuerThread.hpp"
+#include "delay/LocalLatency.hpp"
 #include "delay/Sampler.hpp"
 #include "delay/Schedule.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
@@ -249,6 +250,23 @@ void bindDelay(py::module_& m) {
         return fitDict(fitMixture(t, fraction, family));
       },
       py::arg("targets"), py::arg("fraction"), py::arg("family") = "auto");
+  // Match mode's estimate of this machine's own latency (delay/LocalLatency.hpp), for its tests.
+  py::class_<LatencyEstimate>(m, "_LatencyEstimate")
+      .def(py::init<>())
+      .def("record", &LatencyEstimate::record, py::arg("ns"))
+      .def(
+          "record_many",
+          [](LatencyEstimate& e, const std::vector<int64_t>& ns) {
+            for (const int64_t v : ns) {
+              e.record(v);
+            }
+          },
+          py::arg("ns"))
+      .def("quantile_ns", &LatencyEstimate::quantileNs, py::arg("q"))
+      .def("mean_ns", &LatencyEstimate::meanNs)
+      .def_property_readonly("count", &LatencyEstimate::count)
+      .def_property_readonly_static("halving_every", [](const py::object&) { return LatencyEstimate::kHalvingEvery; })
+      .def_property_readonly_static("min_samples", [](const py::object&) { return LatencyEstimate::kMinSamples; });
   bindSampler(m);
   bindSchedule(m);
 }

@@ -111,7 +111,11 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   if (latest.rank != rank_) {
     return 0;  // another rank carries the call: this one waits for it in the op (not observed: it holds a delay)
   }
-  const int64_t own = local_->at(op.kind, sizeClassOf(op.bytes)).quantileNs(latest.quantile);
+  // The machine's own latency X of this call is independent of the draw, so the call takes X + (T - L): with L
+  // X's mean, the call's mean is the target's, and the tail is the target's shifted by X's spread about its mean,
+  // where L at T's own quantile made the tail short by X's spread above its typical value (docs/delay.md, "Why
+  // the mean").
+  const int64_t own = local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
   const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own));
   *observe = added;  // every peer already waits in the op when this rank issues it: the rest is this machine's own
   auto& s = stats_->op(op.kind);
@@ -140,7 +144,7 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
       warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
                     sizeClassBytes(cls), "): the target latency ", msText(latest.ns),
                     " ms is shorter than this machine's own latency of ", msText(own),
-                    " ms at the same quantile; nothing is added, and the call takes longer than its target (a call "
+                    " ms (its mean); nothing is added, and the call takes longer than its target (a call "
                     "cannot be made faster). Counted per size class in stats()[\"ops\"][op][\"by_size\"][i][\"match\"]"
                     "[\"nothing_added\"] and in report(); warned once per op and size class"));
     }

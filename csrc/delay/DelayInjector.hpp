@@ -114,7 +114,7 @@ class DelayInjector {
                   std::chrono::steady_clock::time_point enteredAt, int64_t observe);
   // delay_mode=match: the delay this rank injects into op `op` (docs/delay.md, "Match mode"). The schedule names
   // the call's latest rank and its delay T (every rank computes the same); that rank alone injects
-  // max(0, T - L), L = its own latency at T's quantile (local_), and the others inject nothing (their call
+  // max(0, T - L), L = the mean of its own latency (local_), and the others inject nothing (their call
   // waits for it). Sets *observe (else -1) to the injected delay when no other rank holds the call back: what
   // the caller then experiences beyond it is this machine's own latency, which feeds local_.
   int64_t matchDelayNs(const Op& op, int64_t* observe);

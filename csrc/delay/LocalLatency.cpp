@@ -7,6 +7,10 @@ namespace delaycomm {
 
 namespace {
 const double kLogBase = std::log(LatencyEstimate::kBase);
+// What one observation adds to its bucket: a count in units of 2^-16 observation, so that halving (rounded down)
+// forgets no more than that of a bucket, where halving counts of whole observations would erase every bucket
+// holding one, the sparse tail first.
+constexpr uint64_t kWeight = uint64_t{1} << 16;
 }  // namespace
 
 void LatencyEstimate::record(int64_t ns) {
@@ -15,33 +19,60 @@ void LatencyEstimate::record(int64_t ns) {
   if (v > kMinNs) {
     b = std::min(kBuckets - 1, static_cast<int>(std::log(v / kMinNs) / kLogBase));
   }
-  buckets_[static_cast<size_t>(b)].fetch_add(1, std::memory_order_relaxed);
-  total_.fetch_add(1, std::memory_order_relaxed);
+  buckets_[static_cast<size_t>(b)].fetch_add(kWeight, std::memory_order_relaxed);
+  if ((total_.fetch_add(1, std::memory_order_relaxed) + 1) % kHalvingEvery == 0) {
+    halve();  // by the recorder of every kHalvingEvery-th observation: one thread per halving
+  }
+}
+
+void LatencyEstimate::halve() {
+  for (auto& bucket : buckets_) {
+    uint64_t c = bucket.load(std::memory_order_relaxed);
+    while (c > 0 && !bucket.compare_exchange_weak(c, c / 2, std::memory_order_relaxed)) {
+    }
+  }
 }
 
 int64_t LatencyEstimate::quantileNs(double q) const {
-  const uint64_t n = total_.load(std::memory_order_relaxed);
-  if (n < kMinSamples) {
+  if (total_.load(std::memory_order_relaxed) < kMinSamples) {
     return -1;
   }
-  // Bucket b holds [kMinNs kBase^b, kMinNs kBase^(b+1)); the quantile is interpolated geometrically within it.
-  const double want = std::clamp(q, 0.0, 1.0) * static_cast<double>(n);
+  // One snapshot of the weights (records and halvings may run meanwhile); bucket b holds [kMinNs kBase^b,
+  // kMinNs kBase^(b+1)), and the quantile is interpolated geometrically within it.
+  std::array<uint64_t, kBuckets> counts;
+  double n = 0.0;
+  for (int b = 0; b < kBuckets; ++b) {
+    counts[static_cast<size_t>(b)] = buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed);
+    n += static_cast<double>(counts[static_cast<size_t>(b)]);
+  }
+  if (n <= 0.0) {
+    return -1;
+  }
+  const double want = std::clamp(q, 0.0, 1.0) * n;
   double seen = 0.0;
   for (int b = 0; b < kBuckets; ++b) {
-    const double c = static_cast<double>(buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed));
+    const double c = static_cast<double>(counts[static_cast<size_t>(b)]);
     if (c > 0.0 && seen + c >= want) {
       const double frac = std::clamp((want - seen) / c, 0.0, 1.0);
       return static_cast<int64_t>(kMinNs * std::exp((b + frac) * kLogBase));
     }
     seen += c;
   }
-  // Counts recorded while scanning: the largest bucket with anything in it.
-  for (int b = kBuckets - 1; b >= 0; --b) {
-    if (buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed) > 0) {
-      return static_cast<int64_t>(kMinNs * std::exp((b + 1) * kLogBase));
-    }
+  return -1;  // unreachable: the last bucket with a count reaches n
+}
+
+int64_t LatencyEstimate::meanNs() const {
+  if (total_.load(std::memory_order_relaxed) < kMinSamples) {
+    return -1;
   }
-  return -1;
+  double n = 0.0;
+  double sum = 0.0;
+  for (int b = 0; b < kBuckets; ++b) {
+    const double c = static_cast<double>(buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed));
+    n += c;
+    sum += c * kMinNs * std::exp((b + 0.5) * kLogBase);
+  }
+  return n > 0.0 ? static_cast<int64_t>(sum / n) : -1;
 }
 
 LocalLatency::~LocalLatency() {

@@ -14,24 +14,34 @@ namespace delaycomm {
 // minus the delay this rank injected, observed on the calls that no other rank held back.
 //
 // One estimate is a log-bucket histogram (ratio 1.04 from 100 ns to ~52 s; a quantile is interpolated within its
-// bucket), cumulative over the group's life. It answers nothing (-1) before kMinSamples observations: until then
-// delay_mode=match adds the whole target, as delay_mode=add would.
+// bucket) that forgets: every kHalvingEvery observations every bucket's weight is halved, so an
+// observation weighs half as much kHalvingEvery observations later, and the estimate follows a machine whose load
+// changes (the counts sum to between kHalvingEvery and 2 kHalvingEvery once the first halving is past). It
+// answers nothing (-1) before kMinSamples observations: until then delay_mode=match adds the whole target, as
+// delay_mode=add would.
 //
-// Threads: record() from any thread (the caller's, Gloo's), quantileNs() from any thread; lock-free. The
-// estimates of one group are allocated on first use.
+// Threads: record() from any thread (the caller's, Gloo's), quantileNs() from any thread; lock-free (a record that
+// races with a halving may escape it). The estimates of one group are
+// allocated on first use.
 class LatencyEstimate {
  public:
   static constexpr int kBuckets = 512;
   static constexpr double kBase = 1.04;
   static constexpr double kMinNs = 100.0;
   static constexpr uint64_t kMinSamples = 16;
+  static constexpr uint64_t kHalvingEvery = 512;
 
   void record(int64_t ns);
-  // The q-quantile in ns, or -1 while fewer than kMinSamples were recorded.
+  // The q-quantile in ns of the weighted observations, or -1 while fewer than kMinSamples were recorded.
   int64_t quantileNs(double q) const;
+  // The weighted mean in ns (each bucket at its geometric middle), or -1 while fewer than kMinSamples were recorded.
+  int64_t meanNs() const;
+  // Observations recorded over the estimate's life (not forgotten by the halvings).
   uint64_t count() const { return total_.load(std::memory_order_relaxed); }
 
  private:
+  void halve();
+
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
   std::atomic<uint64_t> total_{0};
 };

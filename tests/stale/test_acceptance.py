@@ -12,6 +12,7 @@ plus flush() add up to every contribution, for the AVG buckets and a SUM metric 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -133,3 +134,36 @@ def test_apply_outputs_plus_flush_equal_contributions_avg_and_sum(tmp_path, stal
         flushed = [t for t in r["flushed"].values() if t.numel() != 8]  # the bucket's stream (the metric: fresh)
         got = _sum([o for _, _, o in rest] + flushed)
         torch.testing.assert_close(got, contributions, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_a_profile_replayed_under_ssp_goes_stale_with_at_most_one_late_rank_per_step(tmp_path):
+    # A profile's defaults (docs/profile.md, "Replay"): every call draws from it (delay_fraction=1) and one rank
+    # per call carries the draw (delay_carrier=one); the staleness engine takes its lateness from the same
+    # schedule, so at most one of a step's two contributions is late, where every rank drawing would make both
+    # late on many steps. Half of the calls near 3 ms, half near 30 ms, for every size.
+    base = 1.02
+    buckets = [[math.floor(math.log(3e6) / math.log(base)), 50], [math.floor(math.log(30e6) / math.log(base)), 50]]
+    cls = [
+        {"bytes": n, "count": 100, "zeros": 0, "min_ns": 3e6, "max_ns": 31e6, "buckets": buckets} for n in (4, 1 << 20)
+    ]
+    prof = tmp_path / "profile.json"
+    prof.write_text(
+        json.dumps(
+            {
+                "format": "delaycomm-profile",
+                "version": 1,
+                "histogram": {"base": base, "unit": "ns"},
+                "metadata": {"world_size": 2},
+                "ops": {"allreduce": cls},
+            }
+        )
+    )
+    env = {"DELAYCOMM_DELAY": f"profile:{prof}", "DELAYCOMM_STALENESS": "ssp:2"}
+    (tmp_path / "run").mkdir()
+    _job("forked", JOB, ["--steps", "120"], env, tmp_path / "run")
+    docs = _stats(tmp_path / "run")
+    _check_staleness(docs, bound=2)
+    for st in (d["staleness"] for d in docs):
+        late = st["stale"] + st["dropped"]
+        assert late <= (st["fresh"] + late) / 2, f"more than one late contribution per step: {st}"
