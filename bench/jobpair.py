@@ -31,7 +31,7 @@ import subprocess
 import sys
 import time
 
-import roundtrip  # this directory's round trip: its torchrun launcher's port helper and quantile
+import roundtrip  # this directory's round trip: its job launcher and port helper
 
 MODELS = {
     # layers (in, out) and DDP's bucket_cap_mb: A's buckets are ~0.5 MB, B's ~1.5 MB (other size classes)
@@ -86,17 +86,7 @@ def _run_job(name: str, model: str, env: dict[str, str], args, log) -> list[floa
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port"]
     cmd += [str(roundtrip._free_port()), __file__, "--worker", model, "--steps", str(args.steps)]
     cmd += ["--warmup", str(args.warmup), "--steps-out", steps_out]
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-    full_env.update(env)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    log.write(f"### job {name}: {' '.join(f'{k}={v}' for k, v in env.items())} {' '.join(cmd[1:])}\n")
-    log.flush()
-    t0 = time.time()
-    p = subprocess.run(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, timeout=args.job_timeout)
-    log.write(f"### job {name}: exit {p.returncode} after {time.time() - t0:.1f} s\n")
-    log.flush()
-    if p.returncode != 0:
-        raise SystemExit(f"jobpair: job {name} failed (exit {p.returncode}); see {log.name}")
+    roundtrip.run_job("jobpair", name, cmd, env, log, args.job_timeout)
     steps: list[float] = []
     for path in sorted(glob.glob(steps_out.format(rank="*"))):
         with open(path) as f:

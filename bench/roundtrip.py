@@ -72,6 +72,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def run_job(tool: str, name: str, cmd: list[str], env: dict[str, str], log, timeout: float) -> None:
+    """Run one job's command with ``env`` as its only DELAYCOMM_* settings, its output appended to ``log``; exit
+    (naming ``tool`` and the job) when it fails. Shared with bench/jobpair.py."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
+    full_env.update(env)
+    full_env.setdefault("OMP_NUM_THREADS", "1")
+    shown = " ".join(f"{k}={v}" for k, v in env.items())
+    log.write(f"### job {name}: {shown} {' '.join(cmd[1:])}\n")
+    log.flush()
+    t0 = time.time()
+    p = subprocess.run(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, timeout=timeout)
+    log.write(f"### job {name}: exit {p.returncode} after {time.time() - t0:.1f} s\n")
+    log.flush()
+    if p.returncode != 0:
+        raise SystemExit(f"{tool}: job {name} failed (exit {p.returncode}); see {log.name}")
+
+
 def _run_job(name: str, env: dict[str, str], args, log) -> dict[str, list[float]]:
     times_out = os.path.join(args.out, f"times-{name}.rank{{rank}}.json")
     cmd = [
@@ -91,18 +108,7 @@ def _run_job(name: str, env: dict[str, str], args, log) -> dict[str, list[float]
         "--times-out",
         times_out,
     ]
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
-    full_env.update(env)
-    full_env.setdefault("OMP_NUM_THREADS", "1")
-    shown = " ".join(f"{k}={v}" for k, v in env.items())
-    log.write(f"### job {name}: {shown} {' '.join(cmd[1:])}\n")
-    log.flush()
-    t0 = time.time()
-    p = subprocess.run(cmd, env=full_env, stdout=log, stderr=subprocess.STDOUT, timeout=args.job_timeout)
-    log.write(f"### job {name}: exit {p.returncode} after {time.time() - t0:.1f} s\n")
-    log.flush()
-    if p.returncode != 0:
-        raise SystemExit(f"roundtrip: job {name} failed (exit {p.returncode}); see {log.name}")
+    run_job("roundtrip", name, cmd, env, log, args.job_timeout)
     pooled: dict[str, list[float]] = {s: [] for s in SIZES}
     for path in sorted(glob.glob(times_out.format(rank="*"))):
         with open(path) as f:

@@ -46,6 +46,8 @@ __all__ = [
 ]
 
 QUANTILES = ((0.5, "p50"), (0.9, "p90"), (0.99, "p99"), (0.999, "p999"))
+# The quantiles the plot draws (its band, line and dashed tail).
+_BAND = ((0.1, "p10"), (0.5, "p50"), (0.9, "p90"), (0.99, "p99"))
 _STATS_EXPECTED = "the JSON of a DELAYCOMM_STATS file or of delaycomm.stats()"
 
 
@@ -323,8 +325,17 @@ def format_profile(path: str, loaded: tuple[dict[str, Any], Any] | None = None) 
     return table.format_table(_COLUMNS, profile_rows(spec), header=header)
 
 
+def _unit(values_us: list[float]) -> tuple[str, float]:
+    """The plot's latency unit for these values (us, ms or s: the one whose median value is at least 1) and the
+    factor from microseconds to it."""
+    mid = sorted(values_us)[len(values_us) // 2] if values_us else 0.0
+    return ("s", 1e-6) if mid >= 1e6 else ("ms", 1e-3) if mid >= 1e3 else ("us", 1.0)
+
+
 def plot(path: str, png: str, loaded: tuple[dict[str, Any], Any] | None = None) -> None:
-    """Plots the profile's quantiles against the size, one panel per op, to ``png`` (needs matplotlib)."""
+    """Plots the profile to ``png`` (needs matplotlib): one panel per op, latency against size class, the replay's
+    p50 as a line in a band from p10 to p90 (shaded) with p99 dashed above it, each class's number of calls beside
+    its point, rare classes (replayed from the op's other classes) hollow and grey."""
     try:
         import matplotlib
 
@@ -336,19 +347,43 @@ def plot(path: str, png: str, loaded: tuple[dict[str, Any], Any] | None = None) 
         raise ProfileError(f"--png: {missing_message('matplotlib')}; the profile was written") from None
     doc, spec = loaded or load(path)
     rows = profile_rows(spec)
-    ops = list(dict.fromkeys(r["op"] for r in rows))
-    fig, axes = plt.subplots(1, len(ops), figsize=(5 * len(ops), 4), squeeze=False)
-    for ax, op in zip(axes[0], ops):
+    calls: dict[str, int] = {}
+    for r in rows:
+        calls[r["op"]] = calls.get(r["op"], 0) + r["calls"]
+    ops = sorted(calls, key=lambda op: -calls[op])  # the busiest op first
+    cols = min(3, len(ops))
+    nrows = (len(ops) + cols - 1) // cols
+    fig, axes = plt.subplots(nrows, cols, figsize=(5.5 * cols, 4.2 * nrows), squeeze=False)
+    for ax in axes.flat[len(ops) :]:
+        ax.set_visible(False)
+    for ax, op in zip(axes.flat, ops):
         mine = [r for r in rows if r["op"] == op]
         sizes = [max(r["bytes"], 1) for r in mine]
-        for _, name in QUANTILES:
-            ax.plot(sizes, [r[name] for r in mine], marker="o", label=name)
-        ax.set_xscale("log", base=2)
+        q = {name: [spec.quantile(x, op=op, nbytes=r["bytes"]) * 1e6 for r in mine] for x, name in _BAND}
+        unit, k = _unit(q["p50"])
+        scaled = {name: [v * k for v in vs] for name, vs in q.items()}
+        if len(sizes) > 1:
+            ax.fill_between(sizes, scaled["p10"], scaled["p90"], alpha=0.25, color="C0", label="p10-p90")
+        else:  # one class: its band as an error bar
+            lo, hi = scaled["p50"][0] - scaled["p10"][0], scaled["p90"][0] - scaled["p50"][0]
+            ax.errorbar(sizes, scaled["p50"], yerr=[[lo], [hi]], color="C0", alpha=0.5, capsize=6, label="p10-p90")
+        ax.plot(sizes, scaled["p50"], color="C0", label="p50")
+        ax.plot(sizes, scaled["p99"], color="C3", linestyle="--", label="p99")
+        full = [i for i, r in enumerate(mine) if not r["rare"]]
+        rare = [i for i, r in enumerate(mine) if r["rare"]]
+        ax.plot([sizes[i] for i in full], [scaled["p50"][i] for i in full], "o", color="C0")
+        if rare:
+            ax.plot([sizes[i] for i in rare], [scaled["p50"][i] for i in rare], "o", mfc="none", color="grey",
+                    label="rare class (< min calls)")  # fmt: skip
+        for x, y, r in zip(sizes, scaled["p50"], mine):
+            ax.annotate(f"n={r['calls']}", (x, y), textcoords="offset points", xytext=(4, -11), fontsize=7)
+        if len(sizes) > 1:
+            ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=45, fontsize=7)
-        ax.set_xlabel("size (class)")
-        ax.set_ylabel("latency (us)")
-        ax.set_title(op)
+        ax.set_xticks(sizes, [format_size(r["bytes"]) for r in mine], rotation=45, fontsize=7)
+        ax.set_xlabel("size class")
+        ax.set_ylabel(f"latency ({unit})")
+        ax.set_title(f"{op} ({calls[op]} calls)")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
     fig.suptitle(f"{os.path.basename(path)}: world size {_meta(doc['metadata'].get('world_size'))}")

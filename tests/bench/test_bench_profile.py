@@ -64,6 +64,30 @@ def test_the_bench_replays_a_profile_per_size_beside_the_raw_backend(tmp_path, f
         assert stats[(size, "delaycomm")].p50_us >= ms * 1000 * 0.98
     row = next(line.split() for line in stdout.splitlines() if line.split()[:1] == ["1024"])
     assert f"{targets[1024]['p50_us']:.1f}" in row
+    # Beside each of the profile's quantiles, the error of the measured one against it (measured / profile - 1).
+    assert "err p50" in stdout and "err p99" in stdout
+    measured = stats[(1024, "delaycomm")]
+    err50 = row[row.index(f"{targets[1024]['p50_us']:.1f}") + 1]
+    assert err50 == f"{100 * (measured.p50_us / targets[1024]['p50_us'] - 1):+.0f}", row
+    # A profile's defaults, shown in the header: match mode, one carrier per call.
+    assert "delay_mode=match, delay_carrier=one" in stdout
+
+
+def test_delay_mode_and_carrier_reach_delaycomms_options_and_bad_ones_are_refused(tmp_path, capsys):
+    from delaycomm.bench import cli
+
+    p = cli.build_parser()
+    settings, _ = cli._resolve(
+        p, p.parse_args(["--delay", "const:1ms", "--delay-mode", "match", "--delay-carrier", "one"])
+    )
+    options = next(b.options for b in settings.backends if b.name == "delaycomm")
+    assert options == {"delay": "const:1ms", "delay_mode": "match", "delay_carrier": "one"}
+    settings, _ = cli._resolve(p, p.parse_args(["--delay", "const:1ms"]))
+    assert next(b.options for b in settings.backends if b.name == "delaycomm") == {"delay": "const:1ms"}
+    with pytest.raises(SystemExit) as e:
+        main(["--delay-mode", "fast"])
+    assert e.value.code == 2
+    assert "argument --delay-mode: invalid choice: 'fast' (choose from" in capsys.readouterr().err
 
 
 def test_a_bad_profile_and_profile_with_delay_are_refused(tmp_path, capsys):

@@ -185,6 +185,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="delaycomm's delay_fraction option, in [0, 1]",
     )
     b.add_argument(
+        "--delay-mode",
+        choices=("add", "match", "auto"),
+        default=None,
+        help="delaycomm's delay_mode option (default: the option's, auto: match for --profile, else add)",
+    )
+    b.add_argument(
+        "--delay-carrier",
+        choices=("all", "one", "auto"),
+        default=None,
+        help="delaycomm's delay_carrier option (default: the option's, auto: one for --profile, else all)",
+    )
+    b.add_argument(
         "--timeout",
         type=argtypes.number(1.0),
         default=300.0,
@@ -288,6 +300,9 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
         options["delay"] = a.profile
     if a.delay_fraction is not None:
         options["delay_fraction"] = a.delay_fraction
+    for name in ("delay_mode", "delay_carrier"):
+        if getattr(a, name) is not None:
+            options[name] = getattr(a, name)
     variants = [None] if not a.nccl_algo else list(dict.fromkeys(a.nccl_algo))
     if a.nccl_algo and "delaycomm" not in names:
         p.error("argument --nccl-algo: needs delaycomm in --backends")
@@ -306,6 +321,8 @@ def _resolve(p: argparse.ArgumentParser, a: argparse.Namespace) -> tuple[Setting
                 else "--delay"
                 if "delay" in opts
                 else "--delay-fraction"
+                if "delay_fraction" in opts
+                else "--delay-mode or --delay-carrier"
             )
             try:
                 delaycomm.DelayConfig(**opts)

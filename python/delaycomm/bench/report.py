@@ -40,8 +40,9 @@ def backend_columns(label: str = "") -> tuple[Column, ...]:
 
 
 def target_columns(record: dict[str, Any], label: str) -> tuple[Column, ...]:
-    """The profile's p50 and p99 per size for backend ``label`` when it replays a profile (docs/profile.md), under
-    a ``--- label: profile ---`` bar; none otherwise."""
+    """The profile's p50 and p99 per size for backend ``label`` when it replays a profile (docs/profile.md), each
+    with the error of the backend's measured one (measured / profile - 1, in %), under a ``--- label: profile ---``
+    bar; none otherwise."""
     targets = {
         (t["collective"], t["size_bytes"]): t for t in record.get("profile_targets", []) if t["backend"] == label
     }
@@ -51,10 +52,19 @@ def target_columns(record: dict[str, Any], label: str) -> tuple[Column, ...]:
     def get(key: str):
         return lambda r: targets[(r.collective, r.size_bytes)][key] if (r.collective, r.size_bytes) in targets else None
 
+    def err(key: str):
+        def cell(r):
+            target, got = get(f"{key}_us")(r), getattr(r, f"{key}_us")
+            return None if not target or got is None else 100.0 * (got / target - 1.0)
+
+        return cell
+
     group = f"{label}: profile"
     return (
         Column("p50", "us", get("p50_us"), "{:.1f}", 10, group=group, missing="N/A"),
+        Column("err p50", "%", err("p50"), "{:+.0f}", 8, group=group, missing="N/A"),
         Column("p99", "us", get("p99_us"), "{:.1f}", 10, group=group, missing="N/A"),
+        Column("err p99", "%", err("p99"), "{:+.0f}", 8, group=group, missing="N/A"),
     )
 
 
@@ -83,7 +93,15 @@ def header_lines(record: dict[str, Any]) -> list[str]:
     for b in record.get("backends", s["backends"]):
         if b["name"] == "delaycomm":
             cfg = b.get("config", b.get("options", {}))
-            keys = ("delay", "delay_fraction", "delay_where", "nccl_algo", "nccl_buffsize")
+            keys = (
+                "delay",
+                "delay_fraction",
+                "delay_mode",
+                "delay_carrier",
+                "delay_where",
+                "nccl_algo",
+                "nccl_buffsize",
+            )
             lines.append(f"# {b['label']}: " + ", ".join(f"{k}={cfg[k]}" for k in keys if k in cfg))
     for d in record.get("injected_delay", []):
         lines.append(
