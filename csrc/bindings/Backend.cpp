@@ -198,7 +198,7 @@ void bindBackend(py::module_& m) {
   // NOTE: the GIL is released around the construction only (it may wait on the store), never with a call_guard: a
   // factory's call_guard also covers pybind11 registering the new instance in its table of live instances, and
   // two ranks-as-threads registering at once without the GIL corrupted that table ("Tried to deallocate
-  // unregistered instance", then unknown opcodes; tests/harness/test_threads.py).
+  // unregistered instance", then unknown opcodes; tests/backend/test_concurrent_creation.py).
   cls.def(py::init([](int rank, int size, c10::intrusive_ptr<c10d::Backend> cpuInner,
                       c10::intrusive_ptr<c10d::Backend> cudaInner, const BackendOptions& options) {
             c10::intrusive_ptr<DelayBackend> backend;
