@@ -151,7 +151,8 @@ void bindOptions(py::module_& m) {
       .value("HOST", DelayWhere::kHost);
   py::enum_<DelayMode>(m, "DelayMode", "delay_mode=: add the delay, or match the target latency.")
       .value("ADD", DelayMode::kAdd)
-      .value("MATCH", DelayMode::kMatch);
+      .value("MATCH", DelayMode::kMatch)
+      .value("MATCH_CPU", DelayMode::kMatchCpu);
 
   py::class_<StalenessOptions>(m, "StalenessOptions", "The staleness engine's typed, validated settings.")
       .def(py::init<>())

@@ -13,6 +13,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/Bindings.hpp"
+#include "delay/DelayInjector.hpp"
 #include "delay/DelaySpec.hpp"
 #include "delay/Fit.hpp"
 #include "delay/IssuerThread.hpp"
@@ -267,6 +268,22 @@ void bindDelay(py::module_& m) {
       .def_property_readonly("count", &LatencyEstimate::count)
       .def_property_readonly_static("halving_every", [](const py::object&) { return LatencyEstimate::kHalvingEvery; })
       .def_property_readonly_static("min_samples", [](const py::object&) { return LatencyEstimate::kMinSamples; });
+  // How delay_mode treats a delayed call on a CPU or cuda tensor (delay/DelayInjector.hpp), for its tests: the
+  // cuda branch cannot run on a machine without a GPU, the decision can.
+  m.def(
+      "_match_call",
+      [](DelayMode mode, OpKind op, bool cuda) {
+        switch (matchCallFor(mode, op, cuda)) {
+          case MatchCall::kAdd:
+            return "add";
+          case MatchCall::kMatch:
+            return "match";
+          case MatchCall::kUntimed:
+            return "untimed";
+        }
+        return "?";
+      },
+      py::arg("mode"), py::arg("op"), py::arg("cuda"));
   bindSampler(m);
   bindSchedule(m);
 }

@@ -45,7 +45,7 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
       TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
       delayOp_[static_cast<int>(kind)] = true;
     }
-    if (options_.mode == DelayMode::kMatch) {
+    if (options_.mode != DelayMode::kAdd) {
       local_ = std::make_shared<LocalLatency>();
       stats_->setOwnLatencySink(local_);  // the works record what their callers experience into it
     }
@@ -96,7 +96,21 @@ int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const 
                             /*ownDraw=*/pointToPoint(op));
 }
 
-int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
+MatchCall matchCallFor(DelayMode mode, OpKind op, bool cuda) {
+  if (mode == DelayMode::kAdd) {
+    return MatchCall::kAdd;
+  }
+  if (!cuda) {
+    return MatchCall::kMatch;
+  }
+  TORCH_CHECK(mode == DelayMode::kMatchCpu, "delaycomm: ", opName(op),
+              ": delay_mode=match measures this machine's own latency on the host and supports CPU (Gloo) ops; for "
+              "cuda tensors use delay_mode=add (or leave delay_mode at auto: a profile is then matched on CPU ops and "
+              "added on cuda ops, with a warning)");
+  return MatchCall::kUntimed;
+}
+
+int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed) {
   *observe = -1;
   if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
     return 0;
@@ -105,7 +119,7 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   const auto latest =
       schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
   if (latest.rank < 0) {
-    *observe = 0;  // no rank is late: what the caller sees is this machine's own latency
+    *observe = untimed ? -1 : 0;  // no rank is late: what the caller sees is this machine's own latency
     return 0;
   }
   if (latest.rank != rank_) {
@@ -115,9 +129,10 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   // X's mean, the call's mean is the target's, and the tail is the target's shifted by X's spread about its mean,
   // where L at T's own quantile made the tail short by X's spread above its typical value (docs/delay.md, "Why
   // the mean").
-  const int64_t own = local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
+  const int64_t own = untimed ? -1 : local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
   const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own));
-  *observe = added;  // every peer already waits in the op when this rank issues it: the rest is this machine's own
+  // Every peer already waits in the op when this rank issues it: the rest is this machine's own latency.
+  *observe = untimed ? -1 : added;
   auto& s = stats_->op(op.kind);
   s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
   s.delayNs.record(static_cast<double>(added));
@@ -126,6 +141,16 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe) {
   if (own < 0) {
     s.matchUncalibrated.fetch_add(1, std::memory_order_relaxed);
     s.matchUncalibratedBySize[static_cast<size_t>(cls)].fetch_add(1, std::memory_order_relaxed);
+    if (untimed) {
+      if (!untimedWarned_[static_cast<size_t>(op.kind)].exchange(true, std::memory_order_relaxed)) {
+        warn(c10::str("delaycomm: delay_mode=auto replays the profile in match mode on CPU ops only: ", opName(op.kind),
+                      " on cuda tensors cannot have this machine's own latency timed on the host, "
+                      "so its calls get the whole target added, as delay_mode=add does (their latency comes out long "
+                      "by NCCL's own). Counted in stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; "
+                      "set delay_mode=add to choose this explicitly; warned once per op"));
+      }
+      return added;
+    }
     auto& warned = uncalibratedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
     if (!warned.exchange(true, std::memory_order_relaxed)) {
       warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
@@ -216,14 +241,11 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
 
   // The stale path consumes the schedule itself (as staleness, not as network delay), in either delay_mode.
   const auto enteredAt = InjectorClock::now();
-  const bool match = local_ && op.applyDelay;
+  const MatchCall how =
+      local_ && op.applyDelay ? matchCallFor(options_.mode, op.kind, op.device.is_cuda()) : MatchCall::kAdd;
+  const bool match = how != MatchCall::kAdd;
   int64_t observe = -1;
-  if (match) {
-    TORCH_CHECK(!op.device.is_cuda(), "delaycomm: ", opName(op.kind),
-                ": delay_mode=match measures this machine's own latency on the host and supports CPU (Gloo) ops; for "
-                "cuda tensors use delay_mode=add");
-  }
-  const int64_t delayNs = match           ? matchDelayNs(op, &observe)
+  const int64_t delayNs = match           ? matchDelayNs(op, &observe, how == MatchCall::kUntimed)
                           : op.applyDelay ? delayNsFor(op.kind, op.at(), op.bytes)
                                           : 0;
   if (delayNs > 0) {

@@ -20,6 +20,13 @@
 
 namespace delaycomm {
 
+// How delay_mode treats a delayed call (docs/delay.md, "Match mode"): the schedule's delay added (kAdd); matched on
+// top of this machine's own latency (kMatch: CPU ops); or, under delay_mode=auto's match (DelayMode::kMatchCpu), a
+// cuda op whose own latency cannot be timed on the host: the whole target, counted as uncalibrated and warned
+// (kUntimed). An explicit delay_mode=match raises on a cuda op (c10::Error naming the op and the way out).
+enum class MatchCall { kAdd, kMatch, kUntimed };
+MatchCall matchCallFor(DelayMode mode, OpKind op, bool cuda);
+
 // Delay injection of one group (docs/delay.md; docs/core.md): the delay schedule, the compute slowdown, the host
 // delay, the CPU issuer thread and the GPU sleep kernel, behind one entry point, run(). The backend's front
 // (backend/DelayBackend.hpp) calls it for every op when engaged() and skips it otherwise.
@@ -117,7 +124,9 @@ class DelayInjector {
   // max(0, T - L), L = the mean of its own latency (local_), and the others inject nothing (their call
   // waits for it). Sets *observe (else -1) to the injected delay when no other rank holds the call back: what
   // the caller then experiences beyond it is this machine's own latency, which feeds local_.
-  int64_t matchDelayNs(const Op& op, int64_t* observe);
+  // untimed: a call whose own latency match mode cannot time (cuda, under delay_mode=auto): the whole target,
+  // counted as uncalibrated, nothing observed.
+  int64_t matchDelayNs(const Op& op, int64_t* observe, bool untimed);
   void warn(const std::string& message) const;
 
   const int rank_;
@@ -134,7 +143,8 @@ class DelayInjector {
   // delay_mode=match: a target shorter than the own latency was warned about, per (op, size class).
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> nothingAddedWarned_{};
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> uncalibratedWarned_{};
-  std::atomic<int64_t> timeoutMs_;  // timeout(); options_.timeout until setTimeout()
+  std::array<std::atomic<bool>, kNumOpKinds> untimedWarned_{};  // cuda ops under delay_mode=auto's match
+  std::atomic<int64_t> timeoutMs_;                              // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };
 

@@ -13,8 +13,10 @@ namespace delaycomm {
 
 // delay_where: where a delay is paid (docs/delay.md).
 enum class DelayWhere { kNetwork, kHost };
-// delay_mode: add (a call's injected delay is the schedule's) or match (docs/delay.md, "Match mode").
-enum class DelayMode { kAdd, kMatch };
+// delay_mode: add (a call's injected delay is the schedule's) or match (docs/delay.md, "Match mode"). kMatchCpu is
+// delay_mode=auto under a profile: match on CPU ops; on cuda ops, whose own latency match mode cannot time on the
+// host, the whole target is added (warned once per op, counted as uncalibrated), where kMatch raises.
+enum class DelayMode { kAdd, kMatch, kMatchCpu };
 
 // The delay injector's settings, nested in the backend's (BackendOptions::delay), as the staleness engine's are
 // (stale/StaleOptions.hpp). Typed and already validated: Python's delaycomm._config checks the user's values once

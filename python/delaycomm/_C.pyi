@@ -60,6 +60,7 @@ class DelayWhere:
 class DelayMode:
     ADD: ClassVar[DelayMode]
     MATCH: ClassVar[DelayMode]
+    MATCH_CPU: ClassVar[DelayMode]
     name: str
     value: int
 
@@ -233,6 +234,8 @@ class DelaySchedule:
     def key_stream(key: int) -> int: ...
 
 # ---- telemetry and kernels (tests and benchmarks) ------------------------------------------------------------------
+
+def _match_call(mode: DelayMode, op: OpKind, cuda: bool) -> str: ...
 
 class _LatencyEstimate:
     halving_every: ClassVar[int]

@@ -66,6 +66,9 @@ def canonical_options(cfg: EffectiveConfig, members: list[int]) -> dict[str, dic
             key = json.dumps([r for r in members if value is None or r in value])
         elif opt.name == "slowdown":
             key = json.dumps([[r, f] for r, f in value if r in members])
+        elif opt.name == "delay_mode" and value == "match" and opt.name in cfg.auto:
+            # auto's match adds on cuda ops where an explicit match raises: not one value (_config._native_mode)
+            key, shown = json.dumps("match (auto)"), "match (auto)"
         else:
             key = json.dumps(value)
         out[opt.name] = {

@@ -138,7 +138,7 @@ def _fill_delay_options(
     delay = native.delay
     for opt in OPTIONS:
         if opt.native is not None:
-            setattr(delay, opt.native.field, opt.native.value(cfg.values, group))
+            setattr(delay, opt.native.field, opt.native.value(cfg, group))
     if delay.spec.is_none or delay.fraction == 0.0:
         return
     if world is not None:

@@ -498,16 +498,17 @@ def group_seed(seed: int, members: Iterable[int]) -> int:
 @dataclasses.dataclass(frozen=True)
 class Native:
     """Where an option goes in the native delay options (``DelayOptions``, csrc/delay/DelayOptions.hpp): the field,
-    and its value there, from the resolved values and the group (:class:`GroupView`)."""
+    and its value there, from the resolved config (:class:`EffectiveConfig`: ``cfg["name"]`` is a value) and the
+    group (:class:`GroupView`)."""
 
     field: str
-    value: Callable[[Mapping[str, Any], GroupView], Any]
+    value: Callable[[EffectiveConfig, GroupView], Any]
 
 
-def _enum(kind: str, name: str) -> Callable[[Mapping[str, Any], GroupView], Any]:
+def _enum(kind: str, name: str) -> Callable[[EffectiveConfig, GroupView], Any]:
     """An option whose value is a member of the native enum ``kind`` (DelayWhere, DelayMode), by name."""
 
-    def value(values: Mapping[str, Any], group: GroupView) -> Any:
+    def value(values: EffectiveConfig, group: GroupView) -> Any:
         from delaycomm import _C
 
         return getattr(_C, kind).__members__[values[name].upper()]
@@ -515,14 +516,25 @@ def _enum(kind: str, name: str) -> Callable[[Mapping[str, Any], GroupView], Any]
     return value
 
 
-def _native_fraction(values: Mapping[str, Any], group: GroupView) -> float:
+def _native_mode(cfg: EffectiveConfig, group: GroupView) -> Any:
+    # delay_mode=auto resolved to match (a profile): match where it can time this machine's own latency, on CPU ops;
+    # cuda ops get the whole target added, warned once per op (docs/delay.md, "Match mode"). An explicit match
+    # keeps its error on cuda ops.
+    from delaycomm import _C
+
+    if cfg["delay_mode"] == "match" and "delay_mode" in cfg.auto:
+        return _C.DelayMode.MATCH_CPU
+    return _enum("DelayMode", "delay_mode")(cfg, group)
+
+
+def _native_fraction(values: EffectiveConfig, group: GroupView) -> float:
     # No delay, or no member of this group named by delay_ranks: nothing is delayed in this group.
     if values["delay"] == "none" or not group.names_a_member(values["delay_ranks"]):
         return 0.0
     return values["delay_fraction"]
 
 
-def _native_seed(values: Mapping[str, Any], group: GroupView) -> int:
+def _native_seed(values: EffectiveConfig, group: GroupView) -> int:
     # Two disjoint subgroups with one seed must not delay in lockstep (docs/config.md, "Ranks").
     if group.every_rank or group.members is None:
         return values["seed"]
@@ -590,8 +602,9 @@ OPTIONS: tuple[Option, ...] = (
         "auto",
         "add: the delay is added to the op's own latency; match: only what the call needs on top of this "
         "machine's own latency is added, so that the call's latency follows the distribution (docs/delay.md); "
-        "auto: match for profile:FILE, add otherwise",
-        native=Native("mode", _enum("DelayMode", "delay_mode")),
+        "auto: match for profile:FILE (on CPU ops; cuda ops, which match cannot time, add, with a warning), add "
+        "otherwise",
+        native=Native("mode", _native_mode),
     ),
     Option(
         "delay_carrier",
@@ -766,12 +779,18 @@ class EffectiveConfig:
     values: dict[str, Any]
     sources: dict[str, str]
     origins: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The options whose value was ``auto``, resolved here (delay_mode, delay_carrier): ``values`` holds what they
+    # resolved to. delay_mode=auto resolved to match is not quite an explicit match (cuda ops: _native_mode).
+    auto: frozenset[str] = frozenset()
 
     def __getattr__(self, name: str) -> Any:
         try:
             return self.__dict__["values"][name]
         except KeyError:
             raise AttributeError(name) from None
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
 
     def as_dict(self) -> dict[str, Any]:
         """JSON-friendly values."""
@@ -849,13 +868,16 @@ def resolve(config: DelayConfig | None = None, env: Mapping[str, str] | None = N
     # A profile holds the latency callers experienced per (op, size class): one draw per call, matched on top of
     # this machine's own latency, replays it (docs/profile.md, "Replay"). Options given explicitly stay as given.
     profile = values["delay"] != "none" and values["delay"].spec.family == "profile"
+    auto = frozenset(name for name in ("delay_mode", "delay_carrier") if values[name] == "auto")
     if values["delay_mode"] == "auto":
         values["delay_mode"] = "match" if profile else "add"
     if values["delay_carrier"] == "auto":
         values["delay_carrier"] = "one" if profile else "all"
+    for name in auto:
+        sources[name] += " (auto)"
     burst = _BY_NAME["delay_burst"]
     _check_delay_burst(values, origins, merged.given.get(burst.name, env.get(burst.env)))
-    return EffectiveConfig(values=values, sources=sources, origins=origins)
+    return EffectiveConfig(values=values, sources=sources, origins=origins, auto=auto)
 
 
 def format_value(name: str, value: Any) -> str:

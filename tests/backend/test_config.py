@@ -44,7 +44,9 @@ def test_defaults():
     assert cfg.step_ms is None
     assert cfg.nccl_algo == "allreduce:tree" and cfg.nccl_buffsize == 2097152
     assert cfg.stats is None and cfg.seed == 0 and cfg.slowdown == ()
-    assert set(cfg.sources.values()) == {"default"}
+    auto = {"delay_mode", "delay_carrier"}  # resolved from auto (add and all without a profile)
+    assert {k: v for k, v in cfg.sources.items() if k in auto} == dict.fromkeys(auto, "default (auto)")
+    assert {v for k, v in cfg.sources.items() if k not in auto} == {"default"}
 
 
 def test_precedence_keyword_over_configure_over_env_over_default():

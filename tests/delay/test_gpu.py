@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tempfile
 import time
 from datetime import timedelta
@@ -83,5 +84,55 @@ def test_nccl_all_reduce_is_delayed_on_the_gpu_and_the_host_goes_on():
             assert torch.all(z == 5.0)
             s = delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]
             assert s["delayed_calls"] == 3
+        finally:
+            dist.destroy_process_group()
+
+
+@pytest.mark.timeout(120)
+def test_a_profile_alone_replays_cuda_ops_as_add_with_a_warning_and_an_explicit_match_raises(tmp_path):
+    """DELAYCOMM_DELAY=profile:FILE and nothing else on NCCL: delay_mode=auto's match cannot time a cuda op's own
+    latency on the host, so every call gets its whole target (counted as uncalibrated, warned once per op); an
+    explicit delay_mode=match raises at the op (docs/delay.md, "Match mode")."""
+    import json
+    import warnings
+
+    target_ns = 40e6
+    b = math.floor(math.log(target_ns) / math.log(1.02))
+    cls = {"bytes": 4096, "count": 100, "zeros": 0, "min_ns": target_ns, "max_ns": target_ns * 1.019,
+           "buckets": [[b, 100]]}  # fmt: skip
+    doc = {"format": "delaycomm-profile", "version": 1, "histogram": {"base": 1.02, "unit": "ns"},
+           "metadata": {"world_size": 1}, "ops": {"allreduce": [cls]}}  # fmt: skip
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    for mode in (None, "match"):
+        kw = {"delay_mode": mode} if mode else {}
+        dist.init_process_group(
+            "delaycomm",
+            init_method=f"file://{tmp_path}/s-{mode}",
+            rank=0,
+            world_size=1,
+            timeout=timedelta(seconds=60),
+            device_id=torch.device("cuda", 0),
+            pg_options=delaycomm.DelayConfig(delay=f"profile:{path}", **kw),
+        )
+        try:
+            x = torch.ones(1024, device="cuda")  # 4 KiB: the profile's class
+            if mode == "match":
+                with pytest.raises(RuntimeError, match=r"delay_mode=match .* for cuda tensors use delay_mode=add"):
+                    dist.all_reduce(x)
+                continue
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                for _ in range(3):
+                    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    start.record()
+                    dist.all_reduce(x)
+                    end.record()
+                    end.synchronize()
+                    assert start.elapsed_time(end) >= 0.9 * target_ns / 1e6  # the whole target, on the stream
+            said = [str(w.message) for w in caught if "on cuda tensors cannot have" in str(w.message)]
+            assert len(said) == 1, said
+            m = delaycomm.stats(dist.group.WORLD)["ops"]["allreduce"]
+            assert m["match"]["uncalibrated"] == 3 and m["delayed_calls"] == 3
         finally:
             dist.destroy_process_group()

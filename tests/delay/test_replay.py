@@ -51,6 +51,38 @@ def test_a_profile_defaults_to_match_mode_and_one_carrier_and_explicit_options_w
         delaycomm.DelayConfig(delay_carrier="two")
 
 
+def test_auto_match_is_match_on_cpu_ops_and_the_whole_target_on_cuda_ops_where_an_explicit_match_raises(tmp_path):
+    """A GPU job that sets only profile:FILE replays its cuda ops as add, with a warning (their own latency cannot
+    be timed on the host), where an explicit delay_mode=match keeps its error. The cuda branch of the injector
+    cannot run here: this checks the decision it takes (_C._match_call) and the option that reaches it."""
+    from delaycomm import _agree, _config, _ops
+
+    path = _write(tmp_path / "p.json", {"allreduce": [_class(2e6, 1024)]})
+    group = _config.GroupView(0, None, True)
+    auto = delaycomm.resolve(delaycomm.DelayConfig(delay=f"profile:{path}"), env={})
+    given_auto = delaycomm.resolve(env={"DELAYCOMM_DELAY": f"profile:{path}", "DELAYCOMM_DELAY_MODE": "auto"})
+    explicit = delaycomm.resolve(delaycomm.DelayConfig(delay=f"profile:{path}", delay_mode="match"), env={})
+    add = delaycomm.resolve(delaycomm.DelayConfig(delay="const:1ms"), env={})
+    mode = _config._BY_NAME["delay_mode"].native
+    assert [mode.value(c, group) for c in (auto, given_auto, explicit, add)] == [
+        _C.DelayMode.MATCH_CPU,
+        _C.DelayMode.MATCH_CPU,
+        _C.DelayMode.MATCH,
+        _C.DelayMode.ADD,
+    ]
+    assert auto.sources["delay_mode"] == "default (auto)" and explicit.sources["delay_mode"] == "keyword"
+    ar = _ops.BY_NAME["allreduce"].kind
+    assert _C._match_call(_C.DelayMode.MATCH_CPU, ar, cuda=False) == "match"
+    assert _C._match_call(_C.DelayMode.MATCH_CPU, ar, cuda=True) == "untimed"
+    assert _C._match_call(_C.DelayMode.MATCH, ar, cuda=False) == "match"
+    assert _C._match_call(_C.DelayMode.ADD, ar, cuda=True) == "add"
+    with pytest.raises(RuntimeError, match=r"allreduce: delay_mode=match .* for cuda tensors use delay_mode=add"):
+        _C._match_call(_C.DelayMode.MATCH, ar, cuda=True)
+    # Not one value across ranks: a rank with auto adds on a cuda op where one with an explicit match raises.
+    keys = [_agree.canonical_options(c, [0, 1])["delay_mode"] for c in (auto, explicit)]
+    assert keys[0]["key"] != keys[1]["key"] and keys[0]["shown"] == "match (auto)"
+
+
 def test_one_carrier_per_call_every_rank_computes_the_same_and_each_rank_carries_its_share():
     s = _C.DelaySchedule("const:10ms", 1.0, seed=11, carrier_size=4)
     n = 4000
