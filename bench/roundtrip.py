@@ -17,6 +17,8 @@ OUT/jobs.log each job's output. Exit status 1 when B misses (C is shown beside i
   python bench/roundtrip.py --calls 500 --out bench/results/DATE-vm2core-roundtrip
   python bench/roundtrip.py --calls 120 --out /tmp/rt --jobs A,B --quantiles 0.5,0.9   # what the CI test runs
   python bench/roundtrip.py --calls 500 --out /tmp/rt-load --replay-load 1   # the replays under one busy core more
+  python bench/roundtrip.py --calls 3000 --jobs A,B --replay-load 1 --load-at 1000 --window 500 --out /tmp/rt-change
+      # the load changes during the replay: each window of 500 calls judged against A
 """
 
 from __future__ import annotations
@@ -36,8 +38,21 @@ TOLERANCE = {0.5: 0.25, 0.9: 0.25, 0.99: 0.35}
 RECORD_ENV = {"DELAYCOMM_DELAY": "lognormal:p50=3ms,p99=30ms", "DELAYCOMM_DELAY_FRACTION": "0.5"}
 
 
-def worker(calls: int, warmup: int, out: str) -> None:
-    """One rank of a job: the user's unmodified timing loop (options come from the environment only)."""
+def _hogs(n: int) -> list[subprocess.Popen]:
+    """n busy processes, one core each: load on the machine."""
+    return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
+
+
+def _stop(hogs: list[subprocess.Popen]) -> None:
+    for h in hogs:
+        h.kill()
+        h.wait()
+
+
+def worker(calls: int, warmup: int, out: str, load: int = 0, load_at: int = -1) -> None:
+    """One rank of a job: the user's unmodified timing loop (options come from the environment only). With
+    ``load_at`` >= 0, rank 0 starts ``load`` busy processes before timed call ``load_at`` (the bench's load change,
+    not the user's)."""
     import torch
     import torch.distributed as dist
 
@@ -47,12 +62,18 @@ def worker(calls: int, warmup: int, out: str) -> None:
     rank = dist.get_rank()
     bufs = {name: torch.ones(nbytes // 4) for name, nbytes in SIZES.items()}
     times: dict[str, list[float]] = {name: [] for name in SIZES}
-    for i in range(warmup + calls):
-        for name, t in bufs.items():
-            t0 = time.perf_counter()
-            dist.all_reduce(t, async_op=True).wait()
-            if i >= warmup:
-                times[name].append(time.perf_counter() - t0)
+    hogs: list[subprocess.Popen] = []
+    try:
+        for i in range(warmup + calls):
+            if rank == 0 and load_at >= 0 and i == warmup + load_at:
+                hogs = _hogs(load)
+            for name, t in bufs.items():
+                t0 = time.perf_counter()
+                dist.all_reduce(t, async_op=True).wait()
+                if i >= warmup:
+                    times[name].append(time.perf_counter() - t0)
+    finally:
+        _stop(hogs)
     dist.barrier()
     dist.destroy_process_group()
     with open(out.format(rank=rank), "w") as f:
@@ -89,7 +110,8 @@ def run_job(tool: str, name: str, cmd: list[str], env: dict[str, str], log, time
         raise SystemExit(f"{tool}: job {name} failed (exit {p.returncode}); see {log.name}")
 
 
-def _run_job(name: str, env: dict[str, str], args, log) -> dict[str, list[float]]:
+def _run_job(name: str, env: dict[str, str], args, log, load_at: int = -1) -> dict[str, list[list[float]]]:
+    """Run one job; each size's timed calls per rank, in call order."""
     times_out = os.path.join(args.out, f"times-{name}.rank{{rank}}.json")
     cmd = [
         sys.executable,
@@ -107,14 +129,38 @@ def _run_job(name: str, env: dict[str, str], args, log) -> dict[str, list[float]
         str(args.warmup),
         "--times-out",
         times_out,
+        "--replay-load",
+        str(args.replay_load),
+        "--load-at",
+        str(load_at),
     ]
     run_job("roundtrip", name, cmd, env, log, args.job_timeout)
-    pooled: dict[str, list[float]] = {s: [] for s in SIZES}
+    per_rank: dict[str, list[list[float]]] = {s: [] for s in SIZES}
     for path in sorted(glob.glob(times_out.format(rank="*"))):
         with open(path) as f:
             for s, xs in json.load(f)["times_s"].items():
-                pooled[s].extend(xs)
-    return pooled
+                per_rank[s].append(xs)
+    return per_rank
+
+
+def _pooled(per_rank: dict[str, list[list[float]]]) -> dict[str, list[float]]:
+    return {s: [x for xs in ranks for x in xs] for s, ranks in per_rank.items()}
+
+
+def _windows(per_rank: list[list[float]], ref: list[float], window: int, quantiles: list[float]) -> list[dict]:
+    """Quantiles of each window of ``window`` timed calls (both ranks' calls of it pooled), against ``ref``."""
+    out = []
+    for start in range(0, min(len(xs) for xs in per_rank), window):
+        xs = [x for r in per_rank for x in r[start : start + window]]
+        mean = sum(xs) / len(xs)
+        row: dict = {"calls": [start, start + window], "n": len(xs), "mean_ms": round(mean * 1e3, 3)}
+        row["mean_vs_A"] = round(mean / (sum(ref) / len(ref)) - 1.0, 3)
+        for q in quantiles:
+            got = _quantile(xs, q)
+            row[f"p{q * 100:g}_ms"] = round(got * 1e3, 3)
+            row[f"p{q * 100:g}_vs_A"] = round(got / _quantile(ref, q) - 1.0, 3)
+        out.append(row)
+    return out
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -134,6 +180,22 @@ def _parser() -> argparse.ArgumentParser:
         help="run N busy processes (one core each) during the replays B and C, not during A: a replay under other "
         "load than its recording (default 0)",
     )
+    ap.add_argument(
+        "--load-at",
+        type=int,
+        default=-1,
+        metavar="K",
+        help="with --replay-load: the busy processes start before the replays' timed call K (a load change during "
+        "the replay), not before the replays (default: before)",
+    )
+    ap.add_argument(
+        "--window",
+        type=int,
+        default=0,
+        metavar="W",
+        help="also judge each window of W timed calls per size against A (how a replay follows a load change; "
+        "default 0: none)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--times-out", help=argparse.SUPPRESS)
     return ap
@@ -143,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = _parser()
     args = ap.parse_args(argv)
     if args.worker:
-        worker(args.calls, args.warmup, args.times_out)
+        worker(args.calls, args.warmup, args.times_out, args.replay_load, args.load_at)
         return 0
     if not args.out:
         ap.error("--out is required")
@@ -171,26 +233,27 @@ def main(argv: list[str] | None = None) -> int:
         "calls_per_size": args.calls,
         "warmup_per_size": args.warmup,
         "replay_load": args.replay_load,
+        "load_at": args.load_at,
+        "window": args.window,
         "sizes": SIZES,
         "jobs": {},
         "tolerance": {str(q): TOLERANCE.get(q, 0.25) for q in quantiles},
     }
     t0 = time.time()
     with open(os.path.join(args.out, "jobs.log"), "w") as log:
-        times = {"A": _run_job("A", envs["A"], args, log)}
+        times_by_rank = {"A": _run_job("A", envs["A"], args, log)}
         cmd = [sys.executable, "-m", "delaycomm", "profile", *sorted(glob.glob(stats_dir + "*.json")), "-o", profile]
         log.write(f"### profile: {' '.join(cmd[1:])}\n")
         log.flush()
         subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, check=True)
-        hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.replay_load)]
+        hogs = _hogs(args.replay_load) if args.load_at < 0 else []
         try:
             for job in jobs:
                 if job != "A":
-                    times[job] = _run_job(job, envs[job], args, log)
+                    times_by_rank[job] = _run_job(job, envs[job], args, log, args.load_at)
         finally:
-            for h in hogs:
-                h.kill()
-                h.wait()
+            _stop(hogs)
+    times = {job: _pooled(per_rank) for job, per_rank in times_by_rank.items()}
     result["load_after"] = os.getloadavg()
     result["wall_s"] = round(time.time() - t0, 1)
     ok = True
@@ -208,6 +271,8 @@ def main(argv: list[str] | None = None) -> int:
                     if job == "B" and abs(err) > TOLERANCE.get(q, 0.25):
                         ok = False
             entry["sizes"][s] = row
+            if job != "A" and args.window > 0:  # each rank's calls in order: window w holds calls [wW, (w+1)W)
+                row["windows"] = _windows(times_by_rank[job][s], times["A"][s], args.window, quantiles)
         if job != "A":  # what each rank's stats say about the replay (delay_mode=match's counters)
             entry["stats"] = {}
             for path in sorted(glob.glob(os.path.join(envs[job]["DELAYCOMM_STATS"], "*.json"))):
@@ -232,6 +297,11 @@ def main(argv: list[str] | None = None) -> int:
                 vs = f" ({row[k + '_vs_A']:+.0%})" if k + "_vs_A" in row else ""
                 cells.append(f"{row[k + '_ms']:8.2f} ms{vs:>7}")
             print(f"{job:4} {s:5} " + " ".join(f"{c:>16}" for c in cells))
+    for job, entry in result["jobs"].items():
+        for s, row in entry["sizes"].items():
+            for w in row.get("windows", []):
+                cells = " ".join(f"{w[f'p{q * 100:g}_vs_A']:>+8.0%}" for q in quantiles)
+                print(f"{job:4} {s:5} calls {w['calls'][0]:>5}-{w['calls'][1]:<5} {cells}")
     print(f"B (the profile alone) against A: {result['verdict']}")
     return 0 if ok else 1
 
