@@ -21,6 +21,19 @@ pytestmark = [
 ]
 
 
+def _init_one_gpu(store: str, options: delaycomm.DelayConfig) -> None:
+    """The default group: world size 1 on GPU 0, the store a file."""
+    dist.init_process_group(
+        "delaycomm",
+        init_method=f"file://{store}",
+        rank=0,
+        world_size=1,
+        timeout=timedelta(seconds=60),
+        device_id=torch.device("cuda", 0),
+        pg_options=options,
+    )
+
+
 @pytest.mark.timeout(60)
 def test_sleep_kernel_waits_on_the_stream_not_the_host():
     _C._gpu_sleep(0, 1)  # loads the kernel's module (the first launch of a kernel is slow)
@@ -39,15 +52,7 @@ def test_sleep_kernel_waits_on_the_stream_not_the_host():
 @pytest.mark.timeout(120)
 def test_nccl_all_reduce_is_delayed_on_the_gpu_and_the_host_goes_on():
     with tempfile.TemporaryDirectory() as d:
-        dist.init_process_group(
-            "delaycomm",
-            init_method=f"file://{d}/s",
-            rank=0,
-            world_size=1,
-            timeout=timedelta(seconds=60),
-            device_id=torch.device("cuda", 0),
-            pg_options=delaycomm.DelayConfig(delay="const:80ms", delay_fraction=1.0, delay_ops="allreduce"),
-        )
+        _init_one_gpu(f"{d}/s", delaycomm.DelayConfig(delay="const:80ms", delay_fraction=1.0, delay_ops="allreduce"))
         try:
             x = torch.full((1 << 20,), 3.0, device="cuda")
             dist.all_reduce(x)  # warm-up: creates the communicator (delayed too)
@@ -106,15 +111,7 @@ def test_a_profile_alone_replays_cuda_ops_as_add_with_a_warning_and_an_explicit_
     path.write_text(json.dumps(doc))
     for mode in (None, "match"):
         kw = {"delay_mode": mode} if mode else {}
-        dist.init_process_group(
-            "delaycomm",
-            init_method=f"file://{tmp_path}/s-{mode}",
-            rank=0,
-            world_size=1,
-            timeout=timedelta(seconds=60),
-            device_id=torch.device("cuda", 0),
-            pg_options=delaycomm.DelayConfig(delay=f"profile:{path}", **kw),
-        )
+        _init_one_gpu(f"{tmp_path}/s-{mode}", delaycomm.DelayConfig(delay=f"profile:{path}", **kw))
         try:
             x = torch.ones(1024, device="cuda")  # 4 KiB: the profile's class
             if mode == "match":
