@@ -208,13 +208,14 @@ class Fsdp1Consumer(_owners.Consumer):
         # The reduce-scatter's output: a chunk of the padded unsharded gradient (the flat parameter's shard).
         self.shard_numel = math.ceil(flat.grad.numel() / state.world_size) if flat.grad is not None else flat.numel()
         self.reduce_dtype = flat.grad.dtype if flat.grad is not None else flat.dtype  # FSDP reduces .grad's dtype
+        self.device = flat.device  # a flush after the model died still takes part in the replicas' all-reduce
         self.scatter_stale = False
 
     def replica_reduce(self, flat):
         if not self.hybrid or not self.scatter_stale:
             return None
         if flat is None:
-            flat = torch.zeros(self.shard_numel, dtype=self.reduce_dtype, device=self._flat().device)
+            flat = torch.zeros(self.shard_numel, dtype=self.reduce_dtype, device=self.device)
         _replicas_allreduce(flat, self.inter_node_pg)
         return flat
 
@@ -228,10 +229,25 @@ class Fsdp1Consumer(_owners.Consumer):
         return [(param, out.to(param.dtype).view_as(param))]
 
     def add_to_grad(self, param, grad):
-        super().add_to_grad(param, grad)
         handle = self._handle()
-        if handle is not None and handle._use_orig_params and hasattr(handle, "_use_sharded_grad_views"):
-            handle._use_sharded_grad_views()  # the original parameters' .grad are views of the flat one's
+        if handle is None or not handle._use_orig_params:
+            super().add_to_grad(param, grad)
+            return
+        # use_orig_params: the optimizer sees the original parameters, whose .grad are views of the flat parameter's.
+        # zero_grad(set_to_none=True) sets those to None, but FSDP1 keeps flat_param.grad (the last step's gradient)
+        # until the next forward, and only then writes the original parameters' .grad back into it: a None .grad
+        # zeroes its part, and when every one is None the flat gradient is dropped. Do that first, as the next
+        # forward would, so that the flush adds to what the optimizer holds, not to the last step's gradient.
+        handle._writeback_orig_params()
+        handle._reset_flat_param_grad_info_if_needed()
+        super().add_to_grad(param, grad)
+        # Every original parameter that requires a gradient now has one (the pending contribution, zero where
+        # nothing was pending), as after a backward pass (FSDP's post-backward resets the same mask).
+        flat = handle.flat_param
+        for i, p in enumerate(flat._params):
+            if p.requires_grad:
+                flat._is_grad_none_mask[i] = False
+        handle._use_sharded_grad_views()
 
 
 _fsdp1_consumers: dict[tuple, Fsdp1Consumer] = {}

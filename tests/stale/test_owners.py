@@ -47,6 +47,10 @@ STALE = {
     "counters",
     "two_opt",
     "hybrid_fsdp1",
+    "orig_fsdp1_noshard",
+    "orig_fsdp1_full",
+    "orig_fsdp1_grad_op",
+    "orig_fsdp1_hybrid",
 }
 FRESH = {"two_bwd", "cautograd"}
 NOT_CONSUMED = "reduced again before an optimizer step consumed all of its parameters' previous gradient"
@@ -98,6 +102,10 @@ def check_path(path: str, ranks: dict) -> None:
             err = float((got - want).abs().max() / want.abs().max())
             assert err <= 1e-9, f"{path} rank {rank} parameter {i}: relative error {err:.3e}"
         assert res["unapplied"] == [], res["unapplied"]
+        if path.startswith("orig_fsdp1_"):
+            # Its flushes (before each checkpoint and at the end) had something pending: flush(into_grad=True)
+            # put it into the original parameters' .grad, and the conservation above checked it.
+            assert res["flushed_streams"] > 0, f"{path} rank {rank}: nothing was pending at any flush"
 
 
 # The held-out paths of the default run; the rest run with scripts/test.sh --slow (below).
@@ -112,6 +120,8 @@ DEFAULT_PATHS = [
     "counters",
     "two_opt",
     "two_bwd",
+    "orig_fsdp1_noshard",
+    "orig_fsdp1_full",
 ]
 
 
@@ -148,7 +158,7 @@ def test_stale_contributions_land_on_their_own_parameters(tmp_path, launcher):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_non_reentrant_fsdp_checkpointing_plain_fsdp1_and_compiled_autograd(tmp_path):
-    paths = ["ckpt_fsdp1", "ckpt_fsdp2", "fsdp1", "cautograd"]
+    paths = ["ckpt_fsdp1", "ckpt_fsdp2", "fsdp1", "orig_fsdp1_grad_op", "cautograd"]
     results, proc = run(paths, tmp_path, timeout=800)
     for path in paths:
         check_path(path, results[path])
@@ -164,9 +174,13 @@ def test_non_reentrant_fsdp_checkpointing_plain_fsdp1_and_compiled_autograd(tmp_
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_fsdp1_hybrid_shard_one_stage_stale_and_flush_finds_it(tmp_path):
-    results, proc = run(["hybrid_fsdp1"], tmp_path, nproc=4, timeout=800)
-    check_path("hybrid_fsdp1", results["hybrid_fsdp1"])
-    for res in results["hybrid_fsdp1"].values():
+    # use_orig_params=True first: the second path's flushes also take part in the replicas' all-reduce for the
+    # first path's flat parameters, whose model is gone by then.
+    paths = ["orig_fsdp1_hybrid", "hybrid_fsdp1"]
+    results, proc = run(paths, tmp_path, nproc=4, timeout=800)
+    for path in paths:
+        check_path(path, results[path])
+    for res in (r for path in paths for r in results[path].values()):
         shard, replicas = (_ops({"stats": [st]}) for st in res["stats"][::-1])  # mesh dims: replicate, shard
         assert shard["_reduce_scatter_base"]["stale_calls"] > 0, dict(shard["_reduce_scatter_base"])
         assert replicas["allreduce"]["stale_calls"] == 0 and replicas["allreduce"]["kept_fresh_calls"] > 0, replicas

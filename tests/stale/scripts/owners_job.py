@@ -27,6 +27,9 @@ Paths (2 ranks unless noted):
   two_bwd                           DDP; two backward passes (two micro-batches) per optimizer step
   cautograd                         DDP under compiled autograd: backward() inside a torch.compile'd step
   hybrid_fsdp1                      4 ranks: FSDP1 HYBRID_SHARD on a 2 x 2 mesh
+  orig_fsdp1_<strategy>             FSDP1 with use_orig_params=True, a unit per block: noshard, full, grad_op
+                                    (SHARD_GRAD_OP), hybrid (4 ranks: HYBRID_SHARD on a 2 x 2 mesh); the end
+                                    also before a checkpoint every 5 steps, training going on after it
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from torch.utils.checkpoint import checkpoint
 import delaycomm
 
 DIM_IN, HIDDEN, DIM_OUT, BATCH, LR = 8, 16, 4, 16, 0.05
+CHECKPOINT_EVERY = 5
 
 
 class Block(torch.nn.Module):
@@ -127,7 +131,10 @@ def _end(opts, paths_full: list[Full]) -> dict:
     return {"final": [f() for f in paths_full], "flushed_streams": len(result), "unapplied": list(result.unapplied)}
 
 
-def _wrap(kind: str, model: torch.nn.Module, group, mesh=None):
+_STRATEGIES = {"noshard": "NO_SHARD", "full": "FULL_SHARD", "grad_op": "SHARD_GRAD_OP", "hybrid": "HYBRID_SHARD"}
+
+
+def _wrap(kind: str, model: torch.nn.Module, group, mesh=None, path: str = ""):
     if kind == "ddp":
         cap = (HIDDEN * HIDDEN + HIDDEN) * 8 / 2**20  # one block per bucket
         return DDP(model, process_group=group, bucket_cap_mb=cap)
@@ -138,6 +145,9 @@ def _wrap(kind: str, model: torch.nn.Module, group, mesh=None):
 
         kwargs = {"process_group": group} if mesh is None else {"device_mesh": mesh}
         strategy = ShardingStrategy.FULL_SHARD if mesh is None else ShardingStrategy.HYBRID_SHARD
+        if path.startswith("orig_fsdp1_"):
+            strategy = ShardingStrategy[_STRATEGIES[path.removeprefix("orig_fsdp1_")]]
+            kwargs["use_orig_params"] = True
         return FSDP(
             model,
             device_id=torch.device("cpu"),
@@ -161,7 +171,7 @@ def train_net(path: str, rank: int, steps: int) -> dict:
     group = dist.new_group()
     side = dist.new_group(backend="gloo")
     mesh = None
-    if path == "hybrid_fsdp1":
+    if path in ("hybrid_fsdp1", "orig_fsdp1_hybrid"):
         from torch.distributed.device_mesh import init_device_mesh
 
         mesh = init_device_mesh("cpu", (2, dist.get_world_size() // 2), mesh_dim_names=("replicate", "shard"))
@@ -169,7 +179,7 @@ def train_net(path: str, rank: int, steps: int) -> dict:
         # Compiled autograd: DDP then reduces with its Python reducer, traced into the compiled backward.
         torch._dynamo.config.optimize_ddp = "python_reducer"
         torch._dynamo.config.compiled_autograd = True
-    model = _wrap(kind, Net(ckpt=ckpt), group, mesh)
+    model = _wrap(kind, Net(ckpt=ckpt), group, mesh, path)
     ref = Net(ckpt=None)
     full = Full(model, kind, side)
     start = full()
@@ -202,7 +212,12 @@ def train_net(path: str, rank: int, steps: int) -> dict:
             loss.backward()
             return loss
 
-    for x, y in batches(rank, steps, micro):
+    # use_orig_params: the user's end also before each checkpoint, every CHECKPOINT_EVERY steps (training goes on
+    # after it), so that flush(into_grad=True) has something pending at some of them whatever the draws.
+    ends = [] if path.startswith("orig_fsdp1_") else None
+    for step, (x, y) in enumerate(batches(rank, steps, micro)):
+        if ends is not None and step > 0 and step % CHECKPOINT_EVERY == 0:
+            ends.append(_end(opts, [])["flushed_streams"])
         for g, c in zip(local_grads(ref, full(), _step_loss, x, y, micro), contributed):
             c += g
         for opt in opts:
@@ -215,6 +230,8 @@ def train_net(path: str, rank: int, steps: int) -> dict:
         for opt in opts:
             opt.step()
     out = _end(opts, [full])
+    if ends is not None:
+        out["flushed_streams"] = sum(ends, out["flushed_streams"])
     out.update(
         start=start,
         consumed=[(a - b) / LR for a, b in zip(start, out.pop("final")[0])],
