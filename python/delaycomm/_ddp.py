@@ -26,6 +26,8 @@ hooks, ``delaycomm.ddp_hook``); another hook's pending bucket is returned by ``f
 from __future__ import annotations
 
 import functools
+import sys
+import threading
 import weakref
 
 import torch
@@ -127,17 +129,61 @@ def _dynamic_unused(ddp) -> bool:
     return bool(ddp.find_unused_parameters and not ddp.static_graph)
 
 
+def _new_round(ddp) -> None:
+    """Register the module's bucket layout when it is new or DDP rebuilt it, and mark a backward round."""
+    st = _state(ddp)
+    rebuilt_now = not st.unrecognised and not st.rebuilt and getattr(ddp, "_has_rebuilt_buckets", False)
+    if st.layout is None or rebuilt_now:
+        _refresh(ddp, st)
+    _C._stale_ddp_round(st.id)
+
+
+# Run with Dynamo off, it and all it calls (torch._disable_dynamo imports torch._dynamo at the first call, not here).
+_new_round_eager = torch._disable_dynamo(_new_round)
+
+
 def _post_forward(original):
     def post_forward(self, *args, **kwargs):
+        if torch.compiler.is_compiling() and getattr(self, "_use_python_reducer", False):
+            # Dynamo traces DDP's forward (compiled autograd: DDP's Python reducer reduces inside the compiled
+            # backward, where its reductions are kept fresh): trace DDP's own code only, as without delaycomm.
+            return original(self, *args, **kwargs)
         out = original(self, *args, **kwargs)
-        st = _state(self)
-        rebuilt_now = not st.unrecognised and not st.rebuilt and getattr(self, "_has_rebuilt_buckets", False)
-        if st.layout is None or rebuilt_now:
-            _refresh(self, st)
-        _C._stale_ddp_round(st.id)
+        _new_round_eager(self)
         return out
 
+    _outside_dynamo.append(post_forward.__code__)
     return post_forward
+
+
+# torch.compile (docs/staleness.md, "torch.compile"): a wrapper DDP's forward calls runs where Dynamo does not
+# compile it, so that delaycomm adds no graph break: Dynamo skips its frame (its own work runs with Dynamo off) when
+# DDP's forward calls it eagerly, as Dynamo treats DDP's own code, and traces through it where it traces DDP's forward.
+_outside_dynamo: list = []
+_dynamo_lock = threading.Lock()
+_dynamo_waiting = False
+
+
+def _skip_frames() -> None:
+    from torch._dynamo.eval_frame import skip_code
+
+    for code in _outside_dynamo:
+        skip_code(code)
+
+
+def _keep_out_of_dynamo() -> None:
+    """Have Dynamo skip the wrappers' frames: now if torch._dynamo is imported (DDP's constructor imports it), else
+    as soon as it is (importing it costs seconds that a job without DDP must not pay)."""
+    global _dynamo_waiting
+    from delaycomm._fsdp import _AfterImport
+
+    with _dynamo_lock:
+        if "torch._dynamo" not in sys.modules:
+            if not _dynamo_waiting:
+                _dynamo_waiting = True
+                sys.meta_path.insert(0, _AfterImport("torch._dynamo", _skip_frames))
+            return
+    _skip_frames()
 
 
 def _known_hook(hook) -> bool:
@@ -283,3 +329,4 @@ def install() -> None:
     shadow = [_owners.patch(DDP, name, make, what) for name, make, what in SHADOW_POINTS]
     _shadow_in_place = all(shadow)
     _owners.patch(DDP, "join", _join, "DDP's join()")
+    _keep_out_of_dynamo()

@@ -169,6 +169,13 @@ def test_ddp_paths_metric_and_tp_two_ranks(tmp_path, launcher):
             continue  # PowerSGD: lossy compression, nothing to conserve; tp: no data-parallel reduction
         _check_conservation(path, ssp[path], 2, rtol=2e-3 if path in ("fp16", "bf16") else 1e-9)
 
+    # torch.compile: delaycomm adds no graph break (under bsp none of its hooks is installed, so Dynamo sees what it
+    # sees on plain Gloo: tests/stale/test_compile.py, slow, compares with Gloo itself), and no Dynamo warning names
+    # one of its native functions (pybind11 mangles their names). The compiled path went stale (_check_path).
+    for rank in range(2):
+        want, got = bsp["compiled"][rank]["graph_breaks"], ssp["compiled"][rank]["graph_breaks"]
+        assert got == want, f"compiled rank {rank}: graph breaks under ssp:2 {got}, under bsp {want}"
+    assert "pybind11" not in proc.stderr, proc.stderr[-4000:]
     # PowerSGD: the bucket's reduction goes stale before compression starts (step 10); from then on the hook's
     # reductions (its uncompressed tensors, the factors P and Q) are kept fresh, every step, on every rank.
     for rank in range(2):

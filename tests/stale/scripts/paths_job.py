@@ -25,6 +25,7 @@ tp).
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import os
 import time
@@ -142,6 +143,7 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
     # compiled autograd traces the backward), without generating and compiling C++ kernels, which costs CI tens
     # of CPU seconds and changes nothing delaycomm sees.
     net = torch.compile(ddp, backend="aot_eager") if path in ("compiled", "cautograd") else ddp
+    breaks_before = _graph_breaks() if path in ("compiled", "cautograd") else None
     params = list(model.parameters())
     opt = torch.optim.SGD(params, lr=LR)
     contributed = [torch.zeros_like(p) for p in params]
@@ -181,7 +183,13 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
     result = delaycomm.flush(group)
     flushed = dict(result)
     flush_on_params = on_params(result, params, hook_layout)
+    breaks = None
+    if breaks_before is not None:
+        breaks = _graph_breaks()
+        breaks.subtract(breaks_before)
+        breaks = {k: v for k, v in breaks.items() if v}
     return {
+        "graph_breaks": breaks,
         "losses": losses,
         "contributed": contributed,
         "delivered": delivered,
@@ -189,6 +197,13 @@ def train_ddp(path: str, rank: int, world: int, steps: int) -> dict:
         "flushed_numels": sorted(t.numel() for t in flushed.values()),
         "stats": [group_stats(group)],
     }
+
+
+def _graph_breaks() -> collections.Counter:
+    """Dynamo's graph breaks so far, by reason."""
+    from torch._dynamo.utils import counters
+
+    return collections.Counter(counters["graph_break"])
 
 
 def train_metric(rank: int, world: int, steps: int) -> dict:
