@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
         print(interrupted_line(e, prog), file=sys.stderr, flush=True)
         return 130
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted before any run started", file=sys.stderr, flush=True)
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
         return 130
 
 

@@ -257,6 +257,8 @@ def interruptible():
 
 def interrupted_line(e: Any, prog: str = PROG) -> str:
     """The one line that an interrupted study prints: what was stopped, what was kept, how to resume."""
+    if e.out is None:  # not in a study (before it, or after it while the results are written)
+        return f"{prog}: interrupted by {e.signal}; every finished run is in its results folder (--out)"
     stopped = f"stopped {e.running} (not recorded)" if e.running else "no run was in flight"
     return (
         f"{prog}: interrupted by {e.signal}: {stopped}; {e.ok} ok run(s) kept in {e.out or 'the results folder'} "
@@ -276,8 +278,8 @@ def main_run(argv: list[str]) -> int:
     except Interrupted as e:
         print(interrupted_line(e), file=sys.stderr, flush=True)
         return 130
-    except KeyboardInterrupt:  # before the study started
-        print(f"{PROG}: interrupted before any run started", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:  # raised by code that ignored the handler's exception type
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
         return 130
 
 
