@@ -3,6 +3,7 @@
 # machine runs (docs/ci.md, "Timing under load"). Run from the repository root, after scripts/setup.sh:
 #   bench/results/2026-12-06-vm2core-timing-under-load/run.sh OUT.txt
 # Prints (and writes to OUT.txt) the machine, the load average before and after, and pytest's report.
+# TESTS="FILE ..." runs those files instead.
 set -uo pipefail
 out=${1:?usage: run.sh OUT.txt}
 tests=(
@@ -11,6 +12,7 @@ tests=(
   tests/stale/test_divergence.py tests/backend/test_forwarding.py tests/tools/test_launch.py
   tests/harness/test_procs.py tests/experiment/test_experiment_ends.py
 )
+if [ -n "${TESTS:-}" ]; then read -r -a tests <<<"$TESTS"; fi
 loops=$((2 * $(nproc)))
 pids=()
 for _ in $(seq "$loops"); do
