@@ -22,6 +22,7 @@ from delaycomm._tools.launch import descendants
 from delaycomm.experiment.analysis import analyze, format_stats
 from delaycomm.experiment.cli import main
 from delaycomm.experiment.metrics import MAX_LINE, MetricLineError, parse
+from delaycomm.experiment.script import failure_message, torchrun_exit
 from delaycomm.experiment.study import record_path, run_study
 
 JOB = Path(__file__).parent / "scripts" / "edge_job.py"
@@ -88,16 +89,20 @@ def _signal_and_check(proc: subprocess.Popen, pids: Path, sig: signal.Signals) -
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
-def test_ctrl_c_stops_the_run_in_flight_and_every_process_and_failed_runs_say_their_own_error(tmp_path):
-    proc, pids, out = _start(tmp_path, ["raise", "exit3", "hang"], nproc=2)
+def test_ctrl_c_stops_the_run_in_flight_and_every_process_and_keeps_the_finished_runs(tmp_path):
+    proc, pids, out = _start(tmp_path, ["ok", "hang"], nproc=2)
     line = _signal_and_check(proc, pids, signal.SIGINT)
     assert line == (
-        f"python -m delaycomm.experiment run: interrupted by SIGINT: stopped gloo seed 2 (not recorded); 0 ok run(s) "
-        f"kept in {out} (2 finished now, 0 reused); run the same command again to resume (the failed and the "
+        f"python -m delaycomm.experiment run: interrupted by SIGINT: stopped gloo seed 1 (not recorded); 1 ok run(s) "
+        f"kept in {out} (1 finished now, 0 reused); run the same command again to resume (the failed and the "
         "missing runs run again)"
     ), line
-    assert not record_path(out, "gloo", 2).exists()
-    raised, exited = [json.loads(record_path(out, "gloo", s).read_text())["record"] for s in range(2)]
+    assert not record_path(out, "gloo", 1).exists()
+    rec = json.loads(record_path(out, "gloo", 0).read_text())["record"]
+    assert rec["status"] == "ok" and rec["metrics"]["loss"] == 1.0
+
+
+def _check_failures(raised: dict, exited: dict) -> None:
     # The job's own error line, read through torch's "[rankN]: " prefix, and the log to read; not torchrun's banner.
     assert raised["status"] == "failed"
     m = re.fullmatch(
@@ -113,16 +118,35 @@ def test_ctrl_c_stops_the_run_in_flight_and_every_process_and_failed_runs_say_th
 
 @pytest.mark.slow
 @pytest.mark.multiproc
-@pytest.mark.timeout(180)
-def test_sigterm_stops_the_run_in_flight_and_every_process_and_keeps_the_finished_runs(tmp_path):
-    proc, pids, out = _start(tmp_path, ["ok", "hang"], nproc=2)
+@pytest.mark.timeout(240)
+def test_sigterm_stops_the_run_in_flight_and_every_process_and_failed_runs_say_their_own_error(tmp_path):
+    proc, pids, out = _start(tmp_path, ["raise", "exit3", "hang"], nproc=2)
     line = _signal_and_check(proc, pids, signal.SIGTERM)
     assert line.startswith(
-        f"python -m delaycomm.experiment run: interrupted by SIGTERM: stopped gloo seed 1 (not recorded); 1 ok "
-        f"run(s) kept in {out} (1 finished now, 0 reused)"
+        f"python -m delaycomm.experiment run: interrupted by SIGTERM: stopped gloo seed 2 (not recorded); 0 ok "
+        f"run(s) kept in {out} (2 finished now, 0 reused)"
     ), line
-    rec = json.loads(record_path(out, "gloo", 0).read_text())["record"]
-    assert rec["status"] == "ok" and rec["metrics"]["loss"] == 1.0
+    recs = [json.loads(record_path(out, "gloo", s).read_text())["record"] for s in range(2)]
+    _check_failures(*recs)
+
+
+# The real output of two failed runs under torchrun (torch 2.13, 2 ranks, tests/experiment/scripts/edge_job.py's
+# "raise" and "exit3"), in torchrun's layout: its own output and each rank's stderr (--redirects 3).
+RECORDED = Path(__file__).parent / "data" / "torchrun-2.13"
+
+
+@pytest.mark.parametrize("case", ["raise", "exit3"])
+def test_a_failed_run_says_the_jobs_own_error_or_the_ranks_own_exit_code(case):
+    folder = RECORDED / case
+    code, message = failure_message(folder / "logs", 2, folder / "torchrun.log", 1)  # torchrun exits 1
+    log = folder / "logs" / "run_0" / "attempt_0" / "0" / "stderr.log"
+    # torchrun lists rank 1 first under "Failures:"; the root cause is rank 0
+    assert torchrun_exit(folder / "torchrun.log") == (0, 1 if case == "raise" else 3)
+    if case == "raise":  # each line of the traceback is "[rank0]: ..."
+        want = f"rank 0: RuntimeError: the job broke on purpose after init_process_group on rank 0 (log: {log})"
+        assert (code, message) == (1, want)
+    else:
+        assert (code, message) == (3, f"rank 0 exited with code 3 with no error line (log: {log})")
 
 
 class _Job:

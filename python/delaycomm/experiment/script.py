@@ -38,7 +38,7 @@ from delaycomm.experiment.configs import effect_problems
 from delaycomm.experiment.metrics import SEED_ENV, MetricLineError, parse
 from delaycomm.experiment.summary import telemetry
 
-__all__ = ["ScriptConfig", "ScriptJob", "option_names"]
+__all__ = ["ScriptConfig", "ScriptJob", "option_names", "failure_message", "torchrun_exit"]
 
 _KEEP_ENV = ("DELAYCOMM_LOG_LEVEL",)
 _POLL_S = 0.5
@@ -145,7 +145,7 @@ def torchrun_exit(launcher_log: Path) -> tuple[int, int] | None:
     return None
 
 
-def _failure(logs: Path, nproc: int, launcher_log: Path, returncode: int | None) -> tuple[int | None, str]:
+def failure_message(logs: Path, nproc: int, launcher_log: Path, returncode: int | None) -> tuple[int | None, str]:
     """(exit code, message) of a failed launch: the job's own last error line of the first rank that has one, else
     the failed rank's own exit code from torchrun's summary (torchrun itself exits 1), with the log to read."""
     summary = torchrun_exit(launcher_log)
@@ -258,7 +258,7 @@ class ScriptJob:
             timed_out, returncode = self._torchrun(env, logs, launcher_log, started, note)
             failure = ""
             if not timed_out and returncode != 0:
-                returncode, failure = _failure(logs, self.nproc, launcher_log, returncode)
+                returncode, failure = failure_message(logs, self.nproc, launcher_log, returncode)
         wall_s = time.monotonic() - started
         rec: dict[str, Any] = {"status": "ok", "message": "", "metrics": {}, "curves": {}, "delaycomm": None}
         rec["wall_s"] = wall_s
