@@ -42,8 +42,9 @@ def test_match_mode_follows_the_target_where_add_mode_counts_the_machine_twice()
     # job, so that the machine's load weighs on both alike (the control is in the same conditions). Add mode is
     # later by what it injected more, on average (sleeping longer only adds wake-up lateness on a loaded
     # machine). The bound is the paired mean's own standard error, measured: a busy machine widens it, and an
-    # injection the caller did not see (match mode sleeping the whole target) still fails: at a load of 6 on 2
-    # cores, 1.5-1.9 ms against 1.95 ms injected, standard error 0.45 ms.
+    # injection the caller did not see (match mode sleeping the whole target) still fails. Measured
+    # (bench/results/2026-12-06-vm2core-timing-under-load/match-paired*.txt): at a load of 6 on 2 cores, 1.5-1.9 ms
+    # against 1.95 ms injected less, standard error 0.45 ms; at 17 with busy loops, 5.1-6.0 ms against 1.99 ms.
     for rank, r in enumerate(results):
         d = np.concatenate([np.subtract(r["times"]["add"][s], r["times"]["match"][s]) for s in targets])
         se = d.std(ddof=1) / np.sqrt(len(d))
