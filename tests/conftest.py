@@ -36,6 +36,18 @@ def pytest_itemcollected(item):
     start_fork_server()
 
 
+def pytest_collection_finish(session):
+    """Wait here for the fork server started above to finish its imports, not in the first multi-rank test: on a
+    loaded machine they take a minute, which that test's timeout would count (docs/ci.md, "Timing under load")."""
+    if not _fork_server_started:
+        return
+    import multiprocessing
+
+    probe = multiprocessing.get_context("forkserver").Process(target=os.getpid)  # forked once the imports are done
+    probe.start()
+    probe.join()
+
+
 # The slowest files of the default run, slowest first (seconds on the 2-core VM, 4 workers, 2026-12-03:
 # `--durations`). pytest-xdist hands whole files to its workers in the order of the collection (scripts/test.sh
 # passes --no-loadscope-reorder, which would otherwise order them by their number of tests), so these start first

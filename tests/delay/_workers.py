@@ -262,8 +262,39 @@ def destroy_pending(rank, world_size, init_method, n=8):
     return {"pending_before": pending_before, "pending_after": pending_after, "outcomes": outcomes}
 
 
+class _Handoff:
+    """The control of a delayed call's timing: a thread that sleeps the delay, then wakes a caller that waits for it
+    (two threads waking from a timed wait, as a delayed call's issuer and its caller do), timed by the caller."""
+
+    def __init__(self) -> None:
+        self.requests: list[float] = []
+        self.wake = threading.Condition()
+        self.done = threading.Event()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            with self.wake:
+                while not self.requests:
+                    self.wake.wait()
+                seconds = self.requests.pop()
+            time.sleep(seconds)
+            self.done.set()
+
+    def __call__(self, seconds: float) -> float:
+        self.done.clear()
+        t0 = time.perf_counter()
+        with self.wake:
+            self.requests.append(seconds)
+            self.wake.notify()
+        self.done.wait()
+        return time.perf_counter() - t0
+
+
 def latency_shift(rank, world_size, init_method, n=40, delay_ms=20):
-    """p50 all-reduce latency seen by every rank, without and with const delay on rank 0 only."""
+    """p50 all-reduce latency seen by every rank, without and with const delay on rank 0 only; and, interleaved
+    with them so that the machine's load weighs on all alike, the p50 of the control (:class:`_Handoff`) of the
+    same delay: its lateness is what a loaded machine adds to a delayed call."""
     dist.init_process_group("gloo", init_method=init_method, rank=rank, world_size=world_size)
     base = dist.new_group(backend="delaycomm", pg_options=delaycomm.DelayConfig(delay="none"))
     slow = dist.new_group(
@@ -277,13 +308,19 @@ def latency_shift(rank, world_size, init_method, n=40, delay_ms=20):
         for _ in range(3):
             dist.all_reduce(t, group=g)
         delaycomm.reset_stats(g)
+    handoff, control = _Handoff(), []
     for _ in range(n):  # interleaved, so both see the same machine load
         dist.all_reduce(t, group=base)
         dist.all_reduce(t, group=slow)
+        control.append(handoff(delay_ms * 1e-3))
     p50 = {
         name: delaycomm.stats(g)["ops"]["allreduce"]["latency"]["p50_us"]
         for name, g in (("base", base), ("slow", slow))
     }
+    p50["control_late"] = (sorted(control)[n // 2] - delay_ms * 1e-3) * 1e6
+    slow_ops = delaycomm.stats(slow)["ops"]["allreduce"]
+    p50["injected"] = slow_ops["delay"]["p50_us"] if slow_ops["delayed_calls"] else 0.0
+    p50["delayed"] = slow_ops["delayed_calls"]
     dist.destroy_process_group()
     return p50
 
@@ -432,6 +469,7 @@ def match_mode(rank, world_size, init_method, n=80):
         "targets": {s: targets[i :: len(sizes)] for i, s in enumerate(sizes)},
         "match": delaycomm.stats(groups["match"])["ops"]["allreduce"]["match"],
         "delayed": {g: delaycomm.stats(groups[g])["ops"]["allreduce"]["delayed_calls"] for g in groups},
+        "injected": {g: delaycomm.stats(groups[g])["ops"]["allreduce"]["delay"] for g in groups},
         "burst": {
             "mine": mine,
             "everyones": everyones,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import warnings
 
 import pytest
@@ -200,8 +201,10 @@ def test_a_call_records_its_own_latency_not_its_wait_behind_the_ranks_held_back_
     r0, r1 = spawn(w.queued_behind_held_back, 2, timeout=55, profile=prof, rounds=6)
     # The caller waited ~150 ms for the 64 KiB call (it is issued after the 1 KiB one, in call order) ...
     assert min(r0["clock"]) >= 0.145, r0["clock"]
-    # ... but rank 0 records its own 15 ms (its delay and the op), not the 135 ms it queued behind the 1 KiB call.
-    assert 14_000 <= r0["by_size"][65536]["p50_us"] < 60_000, r0["by_size"]
+    # ... but rank 0 records its own 15 ms (its delay and the op), not the 135 ms it queued behind the 1 KiB call:
+    # judged against the script's clock of the same calls, which holds the queueing too (a loaded machine makes
+    # both later alike; the 1 KiB call's 150 ms hold, less a third, sets the recorded value apart).
+    assert 14_000 <= r0["by_size"][65536]["p50_us"] < statistics.median(r0["clock"]) * 1e6 - 100_000, r0
     assert r0["by_size"][1024]["p50_us"] >= 145_000, r0["by_size"]
     # Rank 1 holds nothing back: its call waits in the op for rank 0's issue, which is what it experienced
     # (a peer's queue is not this rank's: docs/profile.md, "What is recorded").

@@ -81,7 +81,10 @@ def test_every_config_and_seed_runs_and_reports(forked):
     assert runs[("gloo", 0)]["metrics"]["loss"] != runs[("gloo", 1)]["metrics"]["loss"]
     for seed in (0, 1):
         assert runs[("fails", seed)]["status"] == "failed"
-        assert runs[("fails", seed)]["message"] == "exit code 1: rank 0: ValueError: the job failed on purpose"
+        log = Path(runs[("fails", seed)]["detail"]["rundir"]) / "logs" / "forked" / "attempt_0" / "0" / "stderr.log"
+        assert runs[("fails", seed)]["message"] == (
+            f"exit code 1: rank 0: ValueError: the job failed on purpose (log: {log})"
+        ), runs[("fails", seed)]["message"]
         assert runs[("silent", seed)]["status"] == "failed"
         assert runs[("silent", seed)]["message"].startswith("the script reported no metric: print 'DELAYCOMM_METRIC")
     for seed in (0, 1):
@@ -96,7 +99,7 @@ def test_every_config_and_seed_runs_and_reports(forked):
     assert a["delayed"]["vs_baseline"]["final_loss"]["identical"] is True
     assert a["delayed"]["vs_baseline"]["final_loss"]["verdict"] == "no difference shown"
     assert a["delayed"]["vs_baseline"]["wall_s"]["n"] == 2
-    assert "# fails seed 0: failed: exit code 1: rank 0: ValueError: the job failed on purpose" in stdout
+    assert "# fails seed 0: failed: exit code 1: rank 0: ValueError: the job failed on purpose (log: " in stdout
     assert not multiprocessing.active_children()
 
 
@@ -205,4 +208,4 @@ def test_under_torchrun(tmp_path):
         assert runs[("delayed", seed)]["curves"]["loss"] == runs[("gloo", seed)]["curves"]["loss"]
         assert runs[("fails", seed)]["status"] == "failed"
         assert runs[("fails", seed)]["message"].startswith("exit code 1: rank ")
-        assert runs[("fails", seed)]["message"].endswith("ValueError: the job failed on purpose")
+        assert "ValueError: the job failed on purpose (log: " in runs[("fails", seed)]["message"]

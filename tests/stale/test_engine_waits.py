@@ -26,6 +26,10 @@ pytestmark = [pytest.mark.multiproc]
 
 LONG = timedelta(seconds=30)  # the groups' timeout where a wait must end well before it
 SHORT_S = 1.0  # the timeout set_timeout sets
+# "At once", against the group's timeout of 30 s that these waits ran to before: a third of it. A loaded machine's
+# scheduling delays (seconds at most, at a load of 10 on 2 cores) stay far below it; a wait to the timeout is far
+# above (docs/ci.md, "Timing under load").
+AT_ONCE_S = 10.0
 
 
 def _first_line(e: BaseException) -> str:
@@ -137,9 +141,9 @@ def test_destroy_ends_the_calibration_flush_and_gate_waits_at_once():
         r = results[0][name]
         assert not r["alive"] and r["kind"] == "DistBackendError", (name, r)
         assert f"the group was shut down (destroy_process_group or abort) {wording}" in r["msg"], (name, r)
-        assert r["after_s"] < 1.0, (name, r)  # before: at the group's timeout (30 s)
+        assert r["after_s"] < AT_ONCE_S, (name, r)  # before: at the group's timeout (30 s)
     late = results[1]["gate"]
-    assert not late["alive"] and late["after_s"] < 1.0, late
+    assert not late["alive"] and late["after_s"] < AT_ONCE_S, late
     assert late["kind"] == "DistBackendError", late
     assert "while this call waited at the ssp:2 gate; the reduction was not issued" in late["msg"], late
     # Rank 0 issued its reduction and waited in Gloo for rank 1's: destroy ends that too.
@@ -188,15 +192,15 @@ def test_set_timeout_bounds_the_waits_after_it_and_a_late_rank_gets_the_same_ver
         ("flush", f"timed out after {ms} ms (the group's timeout): rank(s) 1 did not call flush"),
     ):
         assert r0[name]["kind"] == "DistBackendError" and wording in r0[name]["msg"], (name, r0[name])
-        assert SHORT_S - 0.1 <= r0[name]["elapsed"] < SHORT_S + 2.0, (name, r0[name])  # before: 30 s
+        assert SHORT_S - 0.1 <= r0[name]["elapsed"] < SHORT_S + AT_ONCE_S, (name, r0[name])  # before: 30 s
         # Rank 1 comes after rank 0's deadline: the same error, at once (before: it went on with rank 0's record
         # and waited in Gloo, or in the store, for a rank that had given up).
         assert (r1[name]["kind"], r1[name]["msg"]) == (r0[name]["kind"], r0[name]["msg"]), (name, results)
-        assert r1[name]["elapsed"] < 1.0, (name, r1[name])
+        assert r1[name]["elapsed"] < AT_ONCE_S, (name, r1[name])
     for r in results:  # every rank computes the gate timeout from the schedule
         assert r["gate"]["kind"] == "DistBackendError", r["gate"]
         assert f"the ssp:1 gate timed out after {ms} ms (the group's timeout)" in r["gate"]["msg"], r["gate"]
-        assert r["gate"]["elapsed"] < SHORT_S + 2.0, r["gate"]
+        assert r["gate"]["elapsed"] < SHORT_S + AT_ONCE_S, r["gate"]
     assert r0["gate"]["msg"] == r1["gate"]["msg"], results
 
 
@@ -269,9 +273,9 @@ def test_a_member_that_dies_ends_the_others_calibration_and_gate_waits_at_once(t
             # Rank 1 learns it from rank 0 (the peer watch's hub), rank 0 from rank 2's connection.
             assert "rank(s) 2 left the group (its process ended" in r["msg"], (name, r)
             if name == "calibration" and rank == 1:  # it came 2.5 s in, and got rank 0's sealed verdict at once
-                assert r["elapsed"] - 2.5 < 1.0, r
+                assert r["elapsed"] - 2.5 < AT_ONCE_S, r
             else:
-                assert r["after_death_s"] < 3.0, (name, r)  # before: at the group's timeout (30 s)
+                assert r["after_death_s"] < AT_ONCE_S, (name, r)  # before: at the group's timeout (30 s)
         assert survivors[0]["msg"] == survivors[1]["msg"], (name, survivors)  # the same error on every rank
 
 
@@ -297,7 +301,7 @@ def test_the_store_host_that_dies_ends_flush_with_a_delaycomm_error_at_once(tmp_
     assert r["kind"] == "DistBackendError" and r["msg"].startswith("delaycomm: flush on group"), r
     # Whichever rank 1 sees first, the store's connection or the peer watch's: never c10d's raw network error.
     assert "rank(s) 0 left the group" in r["msg"] or "the group's store failed" in r["msg"], r
-    assert r["after_death_s"] < 3.0, r  # before: at the group's timeout (30 s)
+    assert r["after_death_s"] < AT_ONCE_S, r  # before: at the group's timeout (30 s)
 
 
 # ---------------------------------------------------------------------------------------------------------------

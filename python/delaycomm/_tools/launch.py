@@ -24,7 +24,16 @@ import traceback
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["RankError", "Outcome", "run_ranks", "describe_exit", "under_torchrun", "torchrun_rank"]
+__all__ = [
+    "RankError",
+    "Outcome",
+    "run_ranks",
+    "describe_exit",
+    "under_torchrun",
+    "torchrun_rank",
+    "descendants",
+    "stop_tree",
+]
 
 # How long the parent reads a dead rank's pipe for a last message before judging it dead without a report.
 _LAST_WORDS_S = 0.2
@@ -266,8 +275,8 @@ class _Reports:
 
 
 def _stop(procs: list, patience_s: float) -> set[int]:
-    """Join each rank (up to ``patience_s`` each: ranks that reported are exiting), then terminate, then kill;
-    return the ranks that had to be stopped."""
+    """Join each rank (up to ``patience_s`` each: ranks that reported are exiting), then stop what is left with
+    everything it started (:func:`stop_tree`); return the ranks that had to be stopped."""
     for p in procs:
         if p.pid is not None and patience_s > 0:
             p.join(timeout=patience_s)
@@ -275,9 +284,88 @@ def _stop(procs: list, patience_s: float) -> set[int]:
     for rank, p in enumerate(procs):
         if p.is_alive():
             stopped.add(rank)
-            p.terminate()
-            p.join(timeout=5.0)
-        if p.is_alive():
-            p.kill()
+            stop_tree(p.pid, lambda p=p: p.join(timeout=0.05) or p.exitcode is not None, own_group=False)
             p.join()
     return stopped
+
+
+def _proc_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, process group) of every process this user can see (Linux ``/proc``; empty elsewhere)."""
+    table = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                text = f.read().decode(errors="replace")
+        except OSError:
+            continue  # it ended meanwhile
+        fields = text[text.rfind(")") + 2 :].split()  # after "pid (comm) ": state ppid pgrp session ...
+        if len(fields) >= 3 and fields[0] != "Z":
+            table[int(name)] = (int(fields[1]), int(fields[2]))
+    return table
+
+
+def descendants(pid: int) -> tuple[set[int], set[int]]:
+    """The processes ``pid`` started, recursively, still attached to it (pids), and their process groups.
+
+    A process that detached itself (a daemon that double-forked: its parent is gone, it was re-parented) is not
+    found: it is no longer part of this tree (docs/experiment.md, "Stopping a run").
+    """
+    table = _proc_table()
+    children: dict[int, list[int]] = {}
+    for child, (parent, _) in table.items():
+        children.setdefault(parent, []).append(child)
+    found, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found, {table[p][1] for p in found if p in table}
+
+
+def _signal_all(pids: set[int], groups: set[int], sig: signal.Signals) -> None:
+    mine = os.getpgrp()
+    for g in groups - {mine}:
+        try:
+            os.killpg(g, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+    for p in pids:
+        try:
+            os.kill(p, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def stop_tree(pid: int, ended: Callable[[], bool], *, own_group: bool, patience_s: float = 5.0) -> None:
+    """Stop process ``pid`` and every process it started, with their process groups: SIGTERM (a torchrun agent
+    then stops its workers itself), up to ``patience_s`` for ``pid`` to end, then SIGKILL to everything found
+    before or after (ranks run in sessions of their own: a signal to the agent's group does not reach them).
+
+    Args:
+        pid: the root (a launch's agent, a rank).
+        ended: True once the root has ended (and was reaped by its parent: its ``wait``/``join``).
+        own_group: the root leads a process group of its own (``start_new_session``): signal that group too.
+        patience_s: how long SIGTERM has before SIGKILL.
+    """
+    pids, groups = descendants(pid)
+    pids.add(pid)
+    if own_group:
+        groups.add(pid)
+    _signal_all(pids, groups, signal.SIGTERM)
+    deadline = time.monotonic() + patience_s
+    while not ended() and time.monotonic() < deadline:
+        more, more_groups = descendants(pid)  # what the root started since (a worker it was starting)
+        pids |= more
+        groups |= more_groups
+        time.sleep(0.05)
+    more, more_groups = descendants(pid)
+    if ended():
+        pids.discard(pid)  # reaped: its pid may be another process's by now
+    _signal_all(pids | more, groups | more_groups, signal.SIGKILL)

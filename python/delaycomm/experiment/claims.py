@@ -418,7 +418,15 @@ def main_claims(argv: list[str]) -> int:
     """Exit 0 when every run was ok, 1 when one failed, 2 for bad arguments or a missing extra."""
     from delaycomm._tools.machine import machine_info, versions
     from delaycomm.experiment.analysis import analyze
-    from delaycomm.experiment.claims_report import format_claims, format_context, markdown_claims, plot_claims, slim
+    from delaycomm.experiment.claims_report import (
+        SEED_DOC,
+        format_claims,
+        format_context,
+        markdown_claims,
+        plot_claims,
+        slim,
+    )
+    from delaycomm.experiment.configs import command_line
     from delaycomm.experiment.study import StudyError
     from delaycomm.experiment.tasks import MissingExtra, require_matplotlib, require_sklearn
 
@@ -440,7 +448,8 @@ def main_claims(argv: list[str]) -> int:
     cpu = time.process_time() + sum(r[2] for r in results.values())
     doc = {
         "tool": "delaycomm.experiment claims",
-        "argv": sys.argv,
+        "seed_document": SEED_DOC,
+        "argv": command_line(),
         "machine": {**machine_info(), "loadavg_start": list(load0)},
         "versions": versions(("torch", "numpy", "scikit-learn")),
         "quick": ns.quick,

@@ -9,7 +9,10 @@ from typing import Any
 from delaycomm._tools.table import Column, format_rows
 from delaycomm.experiment.analysis import downsample
 
-__all__ = ["format_claims", "format_context", "slim", "plot_claims", "markdown_claims"]
+__all__ = ["format_claims", "format_context", "slim", "plot_claims", "markdown_claims", "SEED_DOC"]
+
+# Seed 000 as the repository names it (relative to the repository's root: the checkout sits beside shared/).
+SEED_DOC = "../shared/seeds/000_*.txt"
 
 CONTEXT_METRICS = (
     "update_noise_ratio",
@@ -25,7 +28,7 @@ CONTEXT_METRICS = (
 
 def format_claims(rows: Sequence[dict]) -> str:
     """One ``#`` block per claim and task: the claim, the setting, the measured numbers, the verdict."""
-    lines = ["# seed 000's claims (docs/claims.md): mean ± 95% t interval over the paired seeds"]
+    lines = [f"# seed 000's claims ({SEED_DOC}; docs/claims.md): mean ± 95% t interval over the paired seeds"]
     for r in rows:
         lines.append(f"# [{r['verdict']}] {r['claim']} ({r['task']})")
         lines.append(f"#     setting: {r['setting']}")

@@ -208,10 +208,26 @@ def main(argv: list[str] | None = None) -> int:
         from delaycomm.experiment.run_cli import main_run
 
         return main_run(argv[1:])
-    if argv[:1] == ["claims"]:
-        from delaycomm.experiment.claims import main_claims
+    from delaycomm.experiment.run_cli import interrupted_line, interruptible
+    from delaycomm.experiment.study import Interrupted
 
-        return main_claims(argv[1:])
+    prog = "python -m delaycomm.experiment" + (" claims" if argv[:1] == ["claims"] else "")
+    try:
+        with interruptible():  # Ctrl-C, SIGTERM: the ranks in flight are stopped, the finished runs kept
+            if argv[:1] == ["claims"]:
+                from delaycomm.experiment.claims import main_claims
+
+                return main_claims(argv[1:])
+            return _main_builtin(argv)
+    except Interrupted as e:
+        print(interrupted_line(e, prog), file=sys.stderr, flush=True)
+        return 130
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def _main_builtin(argv: list[str]) -> int:
     try:
         hp, configs, ns = parse_args(argv)
     except ValueError as e:

@@ -8,10 +8,20 @@ flag moves every delayed config together.
 from __future__ import annotations
 
 import dataclasses
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-__all__ = ["ExperimentConfig", "CONFIGS", "DEFAULT_DELAY", "select_configs", "resolved_options", "effect_problems"]
+__all__ = [
+    "ExperimentConfig",
+    "CONFIGS",
+    "DEFAULT_DELAY",
+    "select_configs",
+    "resolved_options",
+    "effect_problems",
+    "command_line",
+]
 
 DEFAULT_DELAY = "exp:p99=40ms"
 
@@ -186,3 +196,12 @@ def effect_problems(backend: str, options: Mapping[str, Any], stats: Sequence[Ma
         if steps == 0:
             problems.append(f"staleness={staleness!r} was set but the staleness engine recorded no step")
     return problems
+
+
+def command_line() -> list[str]:
+    """The command as a user typed it, for a result file: ``python -m delaycomm.experiment ...`` rather than the
+    absolute path of one machine's ``__main__.py``."""
+    argv = list(sys.argv)
+    if argv and argv[0].replace(os.sep, "/").endswith("delaycomm/experiment/__main__.py"):
+        argv[:1] = ["python", "-m", "delaycomm.experiment"]
+    return argv

@@ -125,12 +125,19 @@ def run_forked(
     finally:
         del store
     if out.errors:
+        from delaycomm._tools.launch import describe_exit
+        from delaycomm.experiment.script import shorten
+
         rank = min(out.errors)
         err: Any = out.errors[rank]
+        log = Path(folder) / str(rank) / "stderr.log"
         if isinstance(err, tuple):
             code, last = err
-            return "failed", code, f"rank {rank}: {last}" if last else f"rank {rank}: exit code {code}"
-        return "failed", None, f"rank {rank}: {str(err).strip().splitlines()[-1]}"
+            if last:
+                return "failed", code, f"rank {rank}: {shorten(last)} (log: {log})"
+            return "failed", code, f"rank {rank} {describe_exit(code)} with no error line (log: {log})"
+        lines = str(err).strip().splitlines() or ["no report"]
+        return "failed", None, f"rank {rank}: {shorten(lines[-1])} (log: {log})"
     if out.timed_out:
         return "timeout", None, ""
     return "ok", 0, ""

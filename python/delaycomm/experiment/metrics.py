@@ -11,6 +11,7 @@ A metric line is printed by rank 0 on its standard output::
 - A line with ``step=N`` (an integer >= 0) is also a point of a curve: each other ``name=value`` on it is the
   value of ``name`` at step N (``DELAYCOMM_METRIC step=12 loss=0.31``). A loss curve is such lines, one per step
   (or every k steps); its last point is the run's ``loss`` unless a later line says otherwise.
+- A metric line has at most 4096 characters (:data:`MAX_LINE`).
 - A line that starts with ``DELAYCOMM_METRIC`` and breaks these rules fails the run, naming the line: a metric
   that was meant and cannot be read is never silently dropped. Other lines are the script's own output.
 
@@ -27,12 +28,13 @@ import sys
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["PREFIX", "SEED_ENV", "report", "seed", "format_line", "parse", "MetricLineError", "Parsed"]
+__all__ = ["PREFIX", "SEED_ENV", "MAX_LINE", "report", "seed", "format_line", "parse", "MetricLineError", "Parsed"]
 
 PREFIX = "DELAYCOMM_METRIC"
 SEED_ENV = "DELAYCOMM_SEED"
 STEP = "step"
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
+MAX_LINE = 4096  # characters of a metric line: a longer one fails the run (never copied into the record whole)
 
 
 class MetricLineError(ValueError):
@@ -74,7 +76,10 @@ def format_line(step: int | None = None, **metrics: Any) -> str:
         if not math.isfinite(v):
             raise ValueError(f"delaycomm.experiment.report: {name}={v!r} is not a finite number")
         parts.append(f"{name}={v!r}")
-    return " ".join(parts)
+    line = " ".join(parts)
+    if len(line) > MAX_LINE:
+        raise ValueError(f"delaycomm.experiment.report: {len(line)} characters; a metric line has at most {MAX_LINE}")
+    return line
 
 
 def _rank() -> int:
@@ -140,6 +145,8 @@ def parse(lines: Iterable[str], source: str = "stdout") -> Parsed:
         if rest and not rest[0].isspace():
             continue  # DELAYCOMM_METRICS..., another word
         where = f"{source} line {number} ({shorten(line)!r})"
+        if len(line) > MAX_LINE:
+            raise MetricLineError(f"{where}: {len(line)} characters; a metric line has at most {MAX_LINE}")
         pairs = rest.split()
         if not pairs:
             raise MetricLineError(f"{where}: no name=value after {PREFIX}")
@@ -149,17 +156,18 @@ def parse(lines: Iterable[str], source: str = "stdout") -> Parsed:
             name, eq, text = pair.partition("=")
             if not eq or not _NAME.match(name):
                 raise MetricLineError(
-                    f"{where}: {pair!r} is not name=value (name: a letter or _ then letters, digits, _ or .)"
+                    f"{where}: {shorten(pair, 60)!r} is not name=value "
+                    "(name: a letter or _ then letters, digits, _ or .)"
                 )
             if name == STEP:
                 if not text.isdigit():
-                    raise MetricLineError(f"{where}: step={text!r} is not an integer >= 0")
+                    raise MetricLineError(f"{where}: step={shorten(text, 60)!r} is not an integer >= 0")
                 step = int(text)
                 continue
             try:
                 v = float(text)
             except ValueError:
-                raise MetricLineError(f"{where}: {name}={text!r} is not a number") from None
+                raise MetricLineError(f"{where}: {name}={shorten(text, 60)!r} is not a number") from None
             if not math.isfinite(v):
                 raise MetricLineError(f"{where}: {name}={text} is not a finite number")
             values[name] = v
@@ -174,4 +182,4 @@ def parse(lines: Iterable[str], source: str = "stdout") -> Parsed:
 
 
 def shorten(text: str, limit: int = 120) -> str:
-    return text if len(text) <= limit else text[: limit - 20] + " ... " + text[-15:]
+    return text if len(text) <= limit else text[: limit - 20] + " ... " + text[-min(15, limit // 4) :]

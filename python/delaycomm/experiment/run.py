@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Sequence
@@ -15,7 +14,7 @@ from typing import Any
 from delaycomm._tools.machine import machine_info, versions
 from delaycomm.experiment.analysis import analyze
 from delaycomm.experiment.builtin import BuiltinJob
-from delaycomm.experiment.configs import ExperimentConfig
+from delaycomm.experiment.configs import ExperimentConfig, command_line
 from delaycomm.experiment.runner import Hyper
 from delaycomm.experiment.study import run_study
 from delaycomm.experiment.tasks import TASKS, load_split
@@ -131,7 +130,7 @@ def run_experiment(
     task = TASKS[hp.task]
     doc: dict[str, Any] = {
         "tool": "delaycomm.experiment",
-        "argv": sys.argv,
+        "argv": command_line(),
         "machine": machine_info(),
         "versions": versions(("torch", "numpy", "scikit-learn")),
         "hyper": dataclasses.asdict(hp),

@@ -4,8 +4,11 @@ seeds, with statistics (docs/experiment.md, "Your own job")."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -13,7 +16,15 @@ from typing import Any
 from delaycomm._tools import args as argtypes
 from delaycomm._tools.output import write_json
 
-__all__ = ["build_run_parser", "parse_run_args", "main_run", "table_configs", "RUN_DEFAULT_CONFIGS"]
+__all__ = [
+    "build_run_parser",
+    "parse_run_args",
+    "main_run",
+    "table_configs",
+    "RUN_DEFAULT_CONFIGS",
+    "interruptible",
+    "interrupted_line",
+]
 
 RUN_DEFAULT_CONFIGS = ("gloo", "bsp-delay", "straggler", "ssp2-ema", "asp-apply", "asp-drop")
 DEFAULT_SEEDS = 5
@@ -177,6 +188,7 @@ def parse_run_args(argv: list[str]) -> tuple[argparse.Namespace, list, Any]:
         raise ValueError(f"give the script after --: {PROG} [options] -- train.py [ARGS]")
     if not os.path.isfile(command[0]):
         raise ValueError(f"the script {command[0]!r} is not a file")
+    _check_out(ns.out)
     if ns.config_file:
         knobs = [f for f in ("fraction", "ema_alpha", "delay_cap", "step_ms") if getattr(ns, f) is not None]
         knobs += ["update_stats"] if ns.update_stats else []
@@ -209,11 +221,74 @@ def _names(text: str) -> list[str]:
     return [n.strip() for n in text.split(",") if n.strip()]
 
 
+def _check_out(out: str) -> None:
+    """The results folder can be created and written, before any run starts."""
+    from delaycomm._tools.output import check_writable
+
+    try:
+        os.makedirs(out, exist_ok=True)
+        check_writable(os.path.join(out, "runs"))
+    except OSError as e:
+        raise ValueError(f"argument --out: cannot write results in {out!r}: {e.strerror or e}") from None
+
+
+@contextlib.contextmanager
+def interruptible():
+    """SIGTERM as Ctrl-C: both raise :class:`delaycomm.experiment.study.Interrupted` in the main thread; once one
+    arrived, the next are ignored until the run in flight is stopped (a second Ctrl-C cannot leave it running)."""
+    from delaycomm.experiment.study import Interrupted
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_IGN)
+        raise Interrupted(signal.Signals(signum).name)
+
+    saved = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def interrupted_line(e: Any, prog: str = PROG) -> str:
+    """The one line that an interrupted study prints: what was stopped, what was kept, how to resume."""
+    if e.out is None:  # not in a study (before it, or after it while the results are written)
+        return f"{prog}: interrupted by {e.signal}; every finished run is in its results folder (--out)"
+    stopped = f"stopped {e.running} (not recorded)" if e.running else "no run was in flight"
+    return (
+        f"{prog}: interrupted by {e.signal}: {stopped}; {e.ok} ok run(s) kept in {e.out or 'the results folder'} "
+        f"({e.finished} finished now, {e.reused} reused); run the same command again to resume (the failed and "
+        "the missing runs run again)"
+    )
+
+
 def main_run(argv: list[str]) -> int:
+    """``run``: exit 0 when every run is ok, 1 when a run failed, timed out or had no effect, 2 for bad arguments,
+    130 when interrupted (Ctrl-C or SIGTERM: the run in flight is stopped, the finished ones are kept)."""
+    from delaycomm.experiment.study import Interrupted
+
+    try:
+        with interruptible():
+            return _main_run(argv)
+    except Interrupted as e:
+        print(interrupted_line(e), file=sys.stderr, flush=True)
+        return 130
+    except KeyboardInterrupt:  # raised by code that ignored the handler's exception type
+        print(f"{PROG}: interrupted", file=sys.stderr, flush=True)
+        return 130
+
+
+def _main_run(argv: list[str]) -> int:
     """``run``: exit 0 when every run is ok, 1 when a run failed, timed out or had no effect, 2 for bad arguments."""
     from delaycomm._tools.machine import machine_info, versions
     from delaycomm.experiment.analysis import analyze, format_delaycomm, format_errors, format_stats, plot_study
-    from delaycomm.experiment.study import StudyError, run_study
+    from delaycomm.experiment.configs import command_line
+    from delaycomm.experiment.study import Interrupted, StudyError, run_study
     from delaycomm.experiment.tasks import MissingExtra
 
     try:
@@ -223,14 +298,18 @@ def main_run(argv: list[str]) -> int:
                 print(f"  {c.name:<11} {' '.join(f'{k}={v}' for k, v in c.env.items()) or '-'}  ({c.description})")
             return 0
         started = time.monotonic()
-        records, reused = run_study(
-            job,
-            configs,
-            list(range(ns.seeds)),
-            Path(ns.out),
-            fresh=ns.fresh,
-            progress=False if ns.no_progress else None,
-        )
+        try:
+            records, reused = run_study(
+                job,
+                configs,
+                list(range(ns.seeds)),
+                Path(ns.out),
+                fresh=ns.fresh,
+                progress=False if ns.no_progress else None,
+            )
+        except Interrupted as e:
+            e.out = ns.out
+            raise
     except (ValueError, StudyError, MissingExtra) as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
@@ -249,7 +328,7 @@ def main_run(argv: list[str]) -> int:
     print(f"# {len(records)} runs, {reused} reused from {ns.out}; duration {time.monotonic() - started:.1f} s")
     out = {
         "tool": "delaycomm.experiment run",
-        "argv": sys.argv,
+        "argv": command_line(),
         "machine": m,
         "versions": v,
         "job": job.fingerprint(),

@@ -26,7 +26,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -34,11 +33,12 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from delaycomm._tools.launch import describe_exit, stop_tree
 from delaycomm.experiment.configs import effect_problems
 from delaycomm.experiment.metrics import SEED_ENV, MetricLineError, parse
 from delaycomm.experiment.summary import telemetry
 
-__all__ = ["ScriptConfig", "ScriptJob", "option_names"]
+__all__ = ["ScriptConfig", "ScriptJob", "option_names", "failure_message", "torchrun_exit"]
 
 _KEEP_ENV = ("DELAYCOMM_LOG_LEVEL",)
 _POLL_S = 0.5
@@ -76,23 +76,10 @@ def _sha256(path: str) -> str:
 
 
 def _stop(proc: subprocess.Popen) -> None:
-    """Stop the launch and everything it started (its own session): SIGTERM, then SIGKILL."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(proc.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            return
-        try:
-            proc.wait(timeout=_STOP_PATIENCE_S)
-            if sig == signal.SIGTERM:
-                # the agent is gone; its workers may linger a moment: kill what is left of the session
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """Stop the launch and everything it started: the agent's session, the ranks' own sessions and what each
+    started in its process group (SIGTERM, then SIGKILL; :func:`delaycomm._tools.launch.stop_tree`)."""
+    stop_tree(proc.pid, lambda: proc.poll() is not None, own_group=True, patience_s=_STOP_PATIENCE_S)
+    proc.wait()
 
 
 def _rank_log(logs: Path, rank: int, stream: str) -> Path | None:
@@ -115,23 +102,70 @@ def _last_step(path: Path | None) -> str | None:
 
 
 _ERROR_LINE = re.compile(r"^(?:[\w.]+(?:Error|Exception|Interrupt|Exit)|[\w.]+Error\b)[^\n]*")
+_RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")  # torch's prefix of each line of a rank's stderr
+# torchrun's error summary ("Root Cause (first observed failure):" then "rank : 0 (local_rank: 0)", "exitcode : 3")
+_SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
+_SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
+MESSAGE_CHARS = 300  # an error line longer than this is shortened in the record and the table
 
 
-def _failure_text(logs: Path, nproc: int, launcher_log: Path) -> str:
-    """The script's own last error line (``ValueError: ...``) from the ranks' stderr, else torchrun's."""
-    for rank in range(nproc):
-        path = _rank_log(logs, rank, "stderr")
-        if path is None:
+def shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 40] + f" ... ({len(text)} characters) ... " + text[-15:]
+
+
+def _error_line(path: Path) -> str | None:
+    """The last exception line of a rank's stderr (``ValueError: ...``, torch's ``[rankN]: `` prefix read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, os.path.getsize(path) - (1 << 20)))  # the end of the file: where a traceback ends
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    errors = [s for s in (_RANK_PREFIX.sub("", ln.strip()).strip() for ln in lines) if _ERROR_LINE.match(s)]
+    return errors[-1] if errors else None
+
+
+def torchrun_exit(launcher_log: Path) -> tuple[int, int] | None:
+    """(rank, exit code) of the failed rank, from torchrun's error summary in its own output (its root cause)."""
+    try:
+        lines = launcher_log.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    # the root cause: the other failures listed above it are often ranks the agent stopped after it (SIGTERM)
+    root = next((i for i, ln in enumerate(lines) if "Root Cause" in ln), 0)
+    rank = None
+    for ln in lines[root:]:
+        m = _SUMMARY_RANK.match(ln)
+        if m:
+            rank = int(m.group(1))
             continue
-        lines = path.read_text(errors="replace").splitlines()
-        errors = [ln.strip() for ln in lines if _ERROR_LINE.match(ln.strip())]
-        if errors:
-            return f"rank {rank}: {errors[-1]}"
+        m = _SUMMARY_EXIT.match(ln)
+        if m and rank is not None:
+            return rank, int(m.group(1))
+    return None
+
+
+def failure_message(logs: Path, nproc: int, launcher_log: Path, returncode: int | None) -> tuple[int | None, str]:
+    """(exit code, message) of a failed launch: the job's own last error line of the first rank that has one, else
+    the failed rank's own exit code from torchrun's summary (torchrun itself exits 1), with the log to read."""
+    summary = torchrun_exit(launcher_log)
+    code = summary[1] if summary else returncode
+    first = [summary[0]] if summary else []  # the failed rank first
+    ranks = first + [r for r in range(nproc) if r not in first]
+    for rank in ranks:
+        path = _rank_log(logs, rank, "stderr")
+        line = _error_line(path) if path else None
+        if line:
+            return code, f"rank {rank}: {shorten(line)} (log: {path})"
+    if summary:
+        rank, c = summary
+        path = _rank_log(logs, rank, "stderr")
+        return c, f"rank {rank} {describe_exit(c)} with no error line (log: {path or launcher_log})"
     try:
         lines = [ln.strip() for ln in launcher_log.read_text(errors="replace").splitlines() if ln.strip()]
     except OSError:
         lines = []
-    return lines[-1] if lines else "no output"
+    return code, f"{shorten(lines[-1]) if lines else 'no output'} (log: {launcher_log})"
 
 
 def _read_stats(stats_dir: Path, nproc: int) -> list[dict] | None:
@@ -222,7 +256,9 @@ class ScriptJob:
             timed_out = status == "timeout"
         else:
             timed_out, returncode = self._torchrun(env, logs, launcher_log, started, note)
-            failure = "" if timed_out or returncode == 0 else _failure_text(logs, self.nproc, launcher_log)
+            failure = ""
+            if not timed_out and returncode != 0:
+                returncode, failure = failure_message(logs, self.nproc, launcher_log, returncode)
         wall_s = time.monotonic() - started
         rec: dict[str, Any] = {"status": "ok", "message": "", "metrics": {}, "curves": {}, "delaycomm": None}
         rec["wall_s"] = wall_s
@@ -262,7 +298,11 @@ class ScriptJob:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-            timed_out = self._wait(proc, started, logs, note)
+            try:
+                timed_out = self._wait(proc, started, logs, note)
+            except BaseException:  # Ctrl-C, SIGTERM (delaycomm.experiment.run_cli): the run in flight stops too
+                _stop(proc)
+                raise
         return timed_out, proc.returncode
 
     def _wait(self, proc: subprocess.Popen, started: float, logs: Path, note: Callable[[str], None]) -> bool:

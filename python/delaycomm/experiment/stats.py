@@ -33,10 +33,13 @@ __all__ = [
     "LOWER",
     "HIGHER",
     "UNKNOWN",
+    "OVERFLOW",
 ]
 
 CONFIDENCE = 0.95
 LOWER, HIGHER, UNKNOWN = "lower", "higher", "unknown"
+# The verdict of a comparison whose differences leave the float range (values near 1e308 of opposite signs).
+OVERFLOW = "beyond the float range"
 
 # How a metric's name tells which way is better, when the user did not say (--lower-better / --higher-better).
 # Whole words of the name (split at "_", ".", "-"), first match wins; tested in tests/experiment/test_stats.py.
@@ -92,7 +95,12 @@ def t_quantile(confidence: float, nu: int) -> float:
 
 
 def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[str, Any]:
-    """Mean and t interval of ``values`` (non-finite values are refused by the caller).
+    """Mean and t interval of ``values``.
+
+    Overflow-safe: the values are scaled by their largest magnitude before they are summed, so that values near the
+    float maximum (``1e308``) give their mean, and a spread or a bound beyond it is ``inf`` (never an
+    ``OverflowError``). A non-finite value (a difference of two finite values can overflow) gives a non-finite mean
+    and an unbounded interval.
 
     Returns:
         ``{"n", "mean", "sd", "half", "lo", "hi"}``; with one value, ``sd``, ``half``, ``lo`` and ``hi`` are None.
@@ -100,10 +108,18 @@ def interval(values: Sequence[float], confidence: float = CONFIDENCE) -> dict[st
     n = len(values)
     if n == 0:
         return {"n": 0, "mean": None, "sd": None, "half": None, "lo": None, "hi": None}
-    mean = math.fsum(values) / n
+    if not all(math.isfinite(v) for v in values):
+        mean = sum(float(v) for v in values) / n  # inf, -inf, or nan for inf - inf
+        if n < 2:
+            return {"n": 1, "mean": mean, "sd": None, "half": None, "lo": None, "hi": None}
+        return {"n": n, "mean": mean, "sd": math.inf, "half": math.inf, "lo": -math.inf, "hi": math.inf}
+    scale = max(abs(v) for v in values) or 1.0
+    scaled = [v / scale for v in values]
+    m = math.fsum(scaled) / n
+    mean = m * scale
     if n < 2:
         return {"n": 1, "mean": mean, "sd": None, "half": None, "lo": None, "hi": None}
-    sd = math.sqrt(math.fsum((v - mean) ** 2 for v in values) / (n - 1))
+    sd = math.sqrt(math.fsum((v - m) ** 2 for v in scaled) / (n - 1)) * scale
     half = t_quantile(confidence, n - 1) * sd / math.sqrt(n)
     return {"n": n, "mean": mean, "sd": sd, "half": half, "lo": mean - half, "hi": mean + half}
 
@@ -136,6 +152,8 @@ def paired(
     out["seeds"] = seeds
     out["identical"] = bool(diffs) and all(d == 0.0 for d in diffs)
     out["verdict"] = verdict(out["lo"], out["hi"], how)
+    if out["mean"] is not None and not math.isfinite(out["mean"]):
+        out["verdict"] = OVERFLOW
     return out
 
 

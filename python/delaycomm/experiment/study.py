@@ -17,6 +17,7 @@ and never overwritten: the run stops before it starts anything, naming the file 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -26,13 +27,27 @@ from typing import Any, Protocol
 
 from delaycomm._tools.output import write_json
 
-__all__ = ["Job", "StudyError", "run_study", "record_path", "OK"]
+__all__ = ["Job", "StudyError", "Interrupted", "run_study", "record_path", "record_problem", "OK"]
 
 OK = "ok"
 
 
 class StudyError(ValueError):
     """The output folder holds results of another experiment (or cannot be used); nothing was run."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a study: the run in flight was stopped (and not recorded); every finished run is on
+    disk. ``signal``: the signal's name; ``running``: the run stopped (``config seed k``) or None; ``finished``,
+    ``reused``: runs finished in this call, records reused from the output folder; ``ok``: the ``ok`` records among
+    both (what a resume reuses); ``out``: the output folder (set by the command line)."""
+
+    def __init__(
+        self, signal: str = "SIGINT", running: str | None = None, finished: int = 0, reused: int = 0, ok: int = 0
+    ):
+        super().__init__(signal)
+        self.signal, self.running, self.finished, self.reused, self.ok = signal, running, finished, reused, ok
+        self.out: str | None = None
 
 
 class Job(Protocol):
@@ -67,12 +82,48 @@ def _load(path: Path) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError) as e:
         raise StudyError(f"{path}: cannot be read as a result ({e}); remove it or give another --out") from None
-    if not isinstance(doc, dict) or "fingerprint" not in doc or "record" not in doc:
+    if not isinstance(doc, dict) or not isinstance(doc.get("fingerprint"), dict) or "record" not in doc:
         raise StudyError(f"{path}: not a result of delaycomm.experiment; remove it or give another --out")
     return doc
 
 
-def _plan(job: Job, configs: Sequence[Any], seeds: Sequence[int], out: Path | None, fresh: bool) -> list:
+def _finite(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def record_problem(rec: Any, config: str, seed: int) -> str | None:
+    """What makes a stored record unusable for (config, seed), or None: every field the analysis reads, with a
+    finite number for every metric and every point of a curve."""
+    if not isinstance(rec, dict):
+        return f"the record is a {type(rec).__name__}, not an object"
+    if rec.get("config") != config or rec.get("seed") != seed:
+        return f"the record is of {rec.get('config')!r} seed {rec.get('seed')!r}, not {config!r} seed {seed}"
+    if not isinstance(rec.get("message", ""), str) or not _finite(rec.get("wall_s", 0.0)):
+        return "its message or wall_s is not of the right type"
+    metrics = rec.get("metrics")
+    if not isinstance(metrics, dict) or not metrics:
+        return "it has no metrics"
+    for name, v in metrics.items():
+        if not _finite(v):
+            return f"metric {name!r} is {v!r}, not a finite number"
+    curves = rec.get("curves", {})
+    if not isinstance(curves, dict):
+        return "its curves are not an object"
+    for name, points in curves.items():
+        ok = isinstance(points, list) and all(
+            isinstance(p, list) and len(p) == 2 and isinstance(p[0], int) and _finite(p[1]) for p in points
+        )
+        if not ok:
+            return f"curve {name!r} is not a list of [step, finite number]"
+    for key in ("delaycomm", "detail"):
+        if rec.get(key) is not None and not isinstance(rec.get(key), dict):
+            return f"its {key} is not an object"
+    return None
+
+
+def _plan(
+    job: Job, configs: Sequence[Any], seeds: Sequence[int], out: Path | None, fresh: bool, note: Callable[[str], None]
+) -> list:
     """(config, seed, fingerprint, reusable record or None) per run; raises StudyError on a foreign result."""
     plan = []
     common = job.fingerprint()
@@ -89,8 +140,16 @@ def _plan(job: Job, configs: Sequence[Any], seeds: Sequence[int], out: Path | No
                             f"{record_path(out, config.name, seed)} holds a result of another experiment ({diff}); "
                             "give another --out, or --fresh to run every config and seed again"
                         )
-                    if doc["record"].get("status") == OK:
-                        reuse = doc["record"]
+                    rec = doc["record"]
+                    if isinstance(rec, dict) and rec.get("status") == OK:
+                        problem = record_problem(rec, config.name, seed)
+                        if problem is None:
+                            reuse = rec
+                        else:
+                            note(f"{record_path(out, config.name, seed)}: {problem}; running it again")
+                    elif not isinstance(rec, dict):
+                        note(f"{record_path(out, config.name, seed)}: {record_problem(rec, config.name, seed)}; "
+                             "running it again")  # fmt: skip
             plan.append((config, seed, fp, reuse))
     return plan
 
@@ -149,12 +208,14 @@ def run_study(
     Raises:
         StudyError: ``out`` holds a result with another fingerprint, or a file that is not a result.
     """
-    plan = _plan(job, configs, seeds, out, fresh)
-    if any(reuse is None for *_, reuse in plan) and hasattr(job, "prepare"):
-        job.prepare()
+    plan = _plan(job, configs, seeds, out, fresh, lambda text: print(f"# {text}", file=sys.stderr, flush=True))
     bar = _Progress(len(plan), progress)
-    records, reused = [], 0
+    records: list[dict[str, Any]] = []
+    reused = 0
+    label = None
     try:
+        if any(reuse is None for *_, reuse in plan) and hasattr(job, "prepare"):
+            job.prepare()
         for config, seed, fp, reuse in plan:
             label = f"{config.name} seed {seed}"
             if reuse is not None:
@@ -163,18 +224,35 @@ def run_study(
                 bar.advance()
                 continue
             bar.start(label)
-            rundir = None
-            if out is not None:
-                rundir = out / "runs" / config.name / f"seed{seed}"
-                os.makedirs(rundir, exist_ok=True)
-            started = time.monotonic()
-            rec = job.run(config, seed, rundir, bar.note)
-            rec.setdefault("wall_s", time.monotonic() - started)
-            rec = {"config": config.name, "seed": seed, **rec}
-            if out is not None:
-                write_json(str(record_path(out, config.name, seed)), {"fingerprint": fp, "record": rec})
-            records.append(rec)
+            records.append(_run_one(job, config, seed, fp, out, bar.note))
             bar.advance()
+        label = None
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM as run_cli turns it into Interrupted
+        name = e.signal if isinstance(e, Interrupted) else "SIGINT"
+        ok = sum(r.get("status") == OK for r in records)
+        raise Interrupted(name, label, len(records) - reused, reused, ok) from None
     finally:
         bar.close()
     return records, reused
+
+
+def _run_one(job: Job, config: Any, seed: int, fp: dict, out: Path | None, note: Callable[[str], None]) -> dict:
+    """One run, its record written to ``out`` as soon as it ends."""
+    rundir = None
+    if out is not None:
+        rundir = out / "runs" / config.name / f"seed{seed}"
+        try:
+            os.makedirs(rundir, exist_ok=True)
+        except OSError as e:
+            raise StudyError(f"cannot create {rundir}: {e.strerror or e}") from None
+    started = time.monotonic()
+    rec = job.run(config, seed, rundir, note)
+    rec.setdefault("wall_s", time.monotonic() - started)
+    rec = {"config": config.name, "seed": seed, **rec}
+    if out is not None:
+        path = record_path(out, config.name, seed)
+        try:
+            write_json(str(path), {"fingerprint": fp, "record": rec})
+        except OSError as e:
+            raise StudyError(f"cannot write {path}: {e.strerror or e}") from None
+    return rec
