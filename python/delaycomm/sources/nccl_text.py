@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 
 from delaycomm.sources.nccl_tables import NcclTestsError, Row, Table, Timing
 from delaycomm.sources.ops import OP_NAMES_HELP, collective
 
-__all__ = ["looks_like", "parse"]
+__all__ = ["looks_like", "parse", "iter_parse", "MAX_WHOLE", "MAX_TIME_US"]
 
 
 # A launcher's prefix on a line: Open MPI's --tag-output "[1,0]<stdout>:", srun -l's "0: ", a markdown quote "> ",
@@ -24,6 +25,9 @@ _PARAMS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxB
 _ITERS = re.compile(r"(warmup iters|agg iters|iters):\s*(\d+)")
 _VERSION = re.compile(r"\b(nccl-tests|rccl-tests|NCCL|RCCL)\s+version\s*:?\s*(\S+)")
 _INT = re.compile(r"\d+")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+MAX_WHOLE = (1 << 63) - 1  # size and count: nccl-tests prints size_t
+MAX_TIME_US = 86400e6  # a day: a time beyond it is not a collective's (and beyond the profile's histogram)
 
 # Header labels, as the versions of nccl-tests print them, to one name.
 _LABELS = {
@@ -94,17 +98,27 @@ class _Parser:
         self.closed: Table | None = None  # the last table, closed by its footer
         self.names: dict[str, tuple[str, int]] = {}  # collective names seen since the last table
         self.starting: tuple[str, int] | None = None
-        self.ranks: dict[int, tuple[str, int]] = {}
+        # The rank lines of the runs since the last table: one run, or several whose output interleaves (two
+        # mpiruns on one stdout); a rank goes to the first run that does not list it yet.
+        self.runs: list[dict[int, tuple[str, int]]] = [{}]
+        self.run_params = 0  # the runs whose "nThread ..." line was seen since the last table
+        self.twice: tuple[int, int, tuple[str, int], tuple[str, int]] | None = None  # (line, rank, first, second)
         self.params: dict[str, int] = {}
         self.versions: dict[str, str] = {}
         self.placements: list[str] | None = None
         self.ranks_cut = False
+        self.run_start = 0  # the line of the current run's first line
 
     def fail(self, lineno: int, why: str) -> None:
         raise NcclTestsError(f"nccl-tests log {self.path}:{lineno}: {why}")
 
+    @property
+    def ranks(self) -> dict[int, tuple[str, int]]:
+        return self.runs[-1]
+
     def new_run(self) -> None:
-        self.ranks, self.params, self.placements, self.ranks_cut = {}, {}, None, False
+        self.runs, self.params, self.placements, self.ranks_cut = [{}], {}, None, False
+        self.run_params, self.twice = 0, None
 
     def feed(self, lineno: int, raw: str) -> None:
         line = _strip(raw)
@@ -116,6 +130,9 @@ class _Parser:
             self.open_table(lineno, header)
             self.table.header_text = " ".join(text.split())
             return
+        if self.table is None and self.closed is not None and self.closed.footers < self.closed.runs:
+            if self.row_like(text) and not line.lstrip().startswith("#"):
+                self.table = self.closed  # interleaved runs: another run's rows after one run's footer
         if self.table is not None and self.row_like(text):
             if line.lstrip().startswith("#"):
                 return  # a commented-out row is not data
@@ -127,8 +144,9 @@ class _Parser:
         self.preamble(lineno, line, text)
 
     def row_like(self, text: str) -> bool:
+        """A row, or a line a row's numbers were written into wrong (``8192.0``, ``-8192``: refused, not skipped)."""
         tokens = text.split()
-        return len(tokens) >= 5 and bool(_INT.fullmatch(tokens[0])) and bool(_INT.fullmatch(tokens[1]))
+        return len(tokens) >= 5 and bool(_NUMBER.fullmatch(tokens[0])) and bool(_NUMBER.fullmatch(tokens[1]))
 
     def preamble(self, lineno: int, line: str, text: str) -> None:
         """A line that is not a header or a row: the run's description, a footer, or text to skip."""
@@ -141,10 +159,16 @@ class _Parser:
                 self.starting = (m.group(2), lineno)
             return
         if text.startswith("Out of bounds values"):
-            if self.table is not None:
-                self.table.validation = text.split(":", 1)[-1].strip()
+            t = self.table or self.closed
+            if t is not None:
+                verdict = text.split(":", 1)[-1].strip()
+                t.validation = verdict if t.validation in (None, verdict) else f"{t.validation}; {verdict}"
+                if "FAILED" in verdict.upper():
+                    t.failed_lines.append(lineno)
             return
         if text.startswith("Avg bus bandwidth"):
+            if self.table is not None:
+                self.table.footers += 1
             self.close()
             return
         if text == "..." or text == "…":
@@ -156,22 +180,30 @@ class _Parser:
         m = _PARAMS.search(text)
         if m:
             self.close()
-            if self.ranks:  # a second run without a "starting" line
+            if self.tables and self.tables[-1].line > self.run_start:  # a table since the last run: a new run
                 self.new_run()
+            elif self.run_params:  # a second run before any table: runs whose output interleaves
+                self.runs.append({})
+            self.run_params += 1
+            self.run_start = lineno
             self.params = {"nthreads": int(m.group(1)), "ngpus": int(m.group(2))}
             self.params.update({k.replace(" ", "_"): int(v) for k, v in _ITERS.findall(text)})
             return
         m = _RANK.search(text)
         if m:
             rank, pid, host = int(m.group(1)), int(m.group(2)), m.group(3)
-            seen = self.ranks.get(rank)
-            if seen is not None and seen != (host, pid):
-                self.fail(
-                    lineno,
-                    f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
-                    "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
-                )
-            self.ranks[rank] = (host, pid)
+            if self.tables and self.tables[-1].line > self.run_start:
+                self.new_run()  # a run's rank lines with no "nThread" line before them
+                self.run_start = lineno
+            for run in self.runs:
+                seen = run.get(rank)
+                if seen is None or seen == (host, pid):
+                    run[rank] = (host, pid)
+                    break
+            else:
+                first = self.runs[0][rank]
+                self.twice = self.twice or (lineno, rank, first, (host, pid))
+                self.runs.append({rank: (host, pid)})
             return
         for name, version in _VERSION.findall(text):
             self.versions[name] = version
@@ -190,8 +222,23 @@ class _Parser:
                     self.names.setdefault(c.name, (text.strip()[:80], lineno))
 
     def open_table(self, lineno: int, header: list[str]) -> None:
+        last = self.table or self.closed
+        if (
+            last is not None
+            and last.header == header
+            and last.headers < last.runs
+            and (not last.rows or self.table is None)
+        ):
+            last.headers += 1  # another interleaved run's header: its rows go to the same table
+            self.table = last
+            return
         self.close()
-        t = Table(self.path, lineno, header, ranks=dict(self.ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
+        runs = [r for r in self.runs if r]
+        ranks = runs[0] if runs else {}
+        if len(runs) > 1:
+            ranks = self.interleaved(runs)
+        t = Table(self.path, lineno, header, ranks=dict(ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
+        t.runs = max(1, len(runs), self.run_params)
         t.versions = dict(self.versions)
         if self.starting is not None:
             c = collective(self.starting[0])
@@ -210,6 +257,25 @@ class _Parser:
         self.tables.append(t)
         self.starting = None
         self.names = {}
+
+    def interleaved(self, runs: list[dict[int, tuple[str, int]]]) -> dict[int, tuple[str, int]]:
+        """The rank lines of one of several runs whose output interleaves; all must list the same ranks."""
+        if all(len(r) == 1 for r in runs) and self.twice is not None:
+            line, rank, seen, (host, pid) = self.twice
+            self.fail(
+                line,
+                f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
+                "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
+            )
+        if any(sorted(r) != sorted(runs[0]) for r in runs):
+            shown = "; ".join(str(sorted(r)) for r in runs)
+            where = self.twice[0] if self.twice else self.run_start
+            self.fail(
+                where,
+                f"the rank lines are those of {len(runs)} runs whose output interleaves, but they list different "
+                f"ranks ({shown}): give --source-ranks N (and --source-nodes M) or split the log by run",
+            )
+        return runs[0]
 
     def groups(self, lineno: int, header: list[str]) -> list[tuple[str, dict[str, int]]]:
         """The placement groups of a header: (name, {column: index}), out-of-place first."""
@@ -240,8 +306,9 @@ class _Parser:
 
         def integer(name: str) -> int:
             v = tokens[index[name]]
-            if not _INT.fullmatch(v):
-                self.fail(lineno, f"column {name!r} is {v!r} (expected a whole number)")
+            if not _INT.fullmatch(v) or len(v) > 19 or int(v) > MAX_WHOLE:
+                shown = v if len(v) <= 24 else f"{v[:20]}... ({len(v)} characters)"
+                self.fail(lineno, f"column {name!r} is {shown!r} (expected a whole number from 0 to 2^63-1)")
             return int(v)
 
         def number(i: int, name: str, required: bool) -> float | None:
@@ -254,6 +321,8 @@ class _Parser:
                 self.fail(lineno, f"column {name!r} is {v!r} (expected a number{'' if required else ' or N/A'})")
             if x != x or x < 0 or x == float("inf"):
                 self.fail(lineno, f"column {name!r} is {v!r} (expected a finite number >= 0)")
+            if x > MAX_TIME_US and (name.endswith("time") or name.split()[-1].startswith("i_")):
+                self.fail(lineno, f"column {name!r} is {v!r} (expected at most {MAX_TIME_US:.4g} us, a day)")
             return x
 
         redop = None
@@ -310,10 +379,27 @@ def _layout(t: Table, nfields: int) -> tuple[dict[str, int], list[tuple[str, dic
     return None
 
 
+def iter_parse(lines: Iterable[str], path: str) -> Iterator[Table]:
+    """The tables of a log's lines, one by one as each is complete (its rows read, and no later line can add to
+    it), collectives as named (unresolved: see :func:`resolve`)."""
+    p = _Parser(path)
+    done = 0  # the tables handed on
+    for lineno, raw in enumerate(lines, start=1):
+        p.feed(lineno, raw)
+        # every table before the one being read (or the last closed one, which interleaved rows may still reach)
+        last = len(p.tables) - 1
+        while done < last:
+            t = p.tables[done]
+            p.tables[done] = None  # type: ignore[call-overload]  # handed on: not held here
+            done += 1
+            if t.rows:
+                yield t
+    p.close()
+    for t in p.tables[done:]:
+        if t is not None and t.rows:
+            yield t
+
+
 def parse(text: str, path: str) -> list[Table]:
     """The tables of a log's text, collectives as named (unresolved: see :func:`resolve`)."""
-    p = _Parser(path)
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        p.feed(lineno, raw)
-    p.close()
-    return [t for t in p.tables if t.rows]
+    return list(iter_parse(text.splitlines(), path))
