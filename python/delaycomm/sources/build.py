@@ -53,9 +53,15 @@ def _classes(samples: dict[tuple[str, int], Pools]) -> dict[str, list[dict]]:
         by.setdefault(op, {}).setdefault(size_class_bytes(row_class_bytes(nbytes)), []).extend(
             x if isinstance(x, list) else [x]
         )
-    return {
-        op: [class_entry(cls, parts) for cls, parts in sorted(classes.items())] for op, classes in sorted(by.items())
-    }
+    done: dict[tuple, dict] = {}  # the ops of one collective share their rows' pools: each class added up once
+
+    def entry(cls: int, parts: list) -> dict:
+        key = (cls, *(id(p) for p in parts))
+        if key not in done:
+            done[key] = class_entry(cls, parts)
+        return dict(done[key])
+
+    return {op: [entry(cls, parts) for cls, parts in sorted(classes.items())] for op, classes in sorted(by.items())}
 
 
 def _distance(a: costmodel.Topology, b: costmodel.Topology) -> float:

@@ -65,7 +65,25 @@ class _Acc:
             step = max(1, (1 << 20) // shape.size)
             for k in range(0, len(items), step):
                 block = np.array(items[k : k + step], dtype=np.float64)
-                self.add((block[:, 0] * pool.scale)[:, None] * shape[None, :], block[:, 1].astype(np.int64))
+                self.add_scaled(block[:, 0] * pool.scale, block[:, 1].astype(np.int64), shape)
+
+    def add_scaled(self, means: np.ndarray, times: np.ndarray, shape: np.ndarray) -> None:
+        """Rows ``means[i] x shape`` (shape > 0), row i read ``times[i]`` times: the buckets from the logarithms'
+        sum, one addition per point."""
+        zero = means <= 0.0
+        if zero.any():  # a row of mean 0: every point 0
+            self.add(np.zeros((int(zero.sum()), shape.size)), times[zero])
+            means, times = means[~zero], times[~zero]
+        if not means.size:
+            return
+        self.n += int(shape.size * times.sum())
+        self.lo = min(self.lo, float(means.min() * shape.min()))
+        self.hi = max(self.hi, float(means.max() * shape.max()))
+        self.total += float((means * times).sum() * shape.sum())
+        logs = np.log(means)[:, None] + np.log(shape)[None, :]
+        idx = np.clip(np.floor(np.maximum(logs, 0.0) / _LOG_BASE), 0, _BUCKETS - 1).astype(np.int64)
+        w = np.broadcast_to(times[:, None], idx.shape)
+        self.counts += np.bincount(idx.ravel(), weights=w.ravel(), minlength=_BUCKETS).astype(np.int64)
 
     def entry(self, size_class: int) -> dict:
         buckets = np.flatnonzero(self.counts)
