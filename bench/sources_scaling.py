@@ -1,11 +1,12 @@
-"""How ``python -m delaycomm profile`` scales with its source's size (issue 36): seconds and peak memory against
+"""How ``python -m delaycomm profile`` scales with its source's size: seconds and peak memory against
 rows, for an nccl-tests text log and nccl-tests' ``-J`` JSON.
 
 Each input is made here from one real-format run (tests/sources/logs.py: nccl-tests' own layout, all_reduce on 8
 ranks, 50 sizes) appended run after run, as a sweep's log is, in two variants: ``same`` (every run prints the same
 times: a log of one test repeated, the issue's case) and ``varied`` (every run's times differ: every row a distinct
-draw, the worst case for the reader's pooling of repeated rows). Each point is one ``profile`` process, timed by the
-wall clock, its peak memory the child's max RSS (getrusage). The machine is shared: the seconds are noisy.
+draw, the worst case for the reader's pooling of repeated rows). Each point is one ``profile`` process: its wall
+time, the profile command's own time (after the imports), its peak RSS and its RSS after the imports (getrusage).
+The machine is shared: the seconds are noisy.
 
   python bench/sources_scaling.py --out bench/results/DATE-vm2core-sources-scaling
   python bench/sources_scaling.py --rows 1000,10000 --out /tmp/scale   # a quick look
@@ -17,7 +18,6 @@ import argparse
 import json
 import os
 import platform
-import resource
 import subprocess
 import sys
 import tempfile
@@ -63,22 +63,24 @@ def _json_log(path: str, rows: int, varied: bool) -> None:
 
 
 def _measure(src: str, out: str) -> dict:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     t0 = time.perf_counter()
-    # one process per point: the child's max RSS is its own peak (RUSAGE_CHILDREN keeps the largest child's)
+    # one process per point, which reports its own time and peak RSS
     code = (
-        "import resource, sys; from delaycomm.__main__ import main; rc = main(sys.argv[1:]); "
-        "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); sys.exit(rc)"
+        "import resource, sys, time; from delaycomm.__main__ import main; base = resource.getrusage("
+        "resource.RUSAGE_SELF).ru_maxrss; t = time.perf_counter(); rc = main(sys.argv[1:]); "
+        "print(time.perf_counter() - t, base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); "
+        "sys.exit(rc)"
     )
     p = subprocess.run([sys.executable, "-c", code, "profile", src, "-o", out], capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     if p.returncode != 0:
         raise SystemExit(f"profile of {src} failed:\n{p.stderr}")
-    peak_kib = int(p.stderr.strip().splitlines()[-1])
-    del before
+    read_s, base_kib, peak_kib = p.stderr.strip().splitlines()[-1].split()
     return {
-        "seconds": round(seconds, 2),
-        "peak_mib": round(peak_kib / 1024, 1),
+        "seconds": round(seconds, 2),  # the process: Python, torch and delaycomm imported, then the profile
+        "profile_seconds": round(float(read_s), 2),  # the profile command alone (read, build, write)
+        "peak_mib": round(int(peak_kib) / 1024, 1),  # the process's peak RSS
+        "imports_mib": round(int(base_kib) / 1024, 1),  # its RSS after the imports, before reading
         "input_mib": os.path.getsize(src) / 2**20,
     }
 

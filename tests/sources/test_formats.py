@@ -1,6 +1,6 @@
-"""Logs and traces as they come (issue 36): recognised by their content whatever wraps them, read in every layout
-real logs have (sweeps appended, interleaved runs, partial rank lines), and every bad value refused where it is:
-the file, the line or record, the field and what is accepted."""
+"""Logs and traces as they come (docs/profile.md, "Where production latency comes from"): recognised by their
+content whatever wraps them, read in every layout real logs have (sweeps appended, interleaved runs, partial rank
+lines), and every bad value refused where it is: the file, the line or record, the field and what is accepted."""
 
 from __future__ import annotations
 
@@ -113,6 +113,16 @@ def test_two_interleaved_runs_read_as_one_table_of_their_world_size(tmp_path):
     p = write(tmp_path, "two-b.txt", a[:15] + b[:15] + _interleave(a[15:], b[15:]))
     (t,) = nccl_tests.read_tables(p)
     assert (t.world_size, len(t.rows)) == (8, 4)
+    # nccl-tests >= 2.17, with its "Collective test starting" markers
+    a = run("all_reduce", 8, [MiB, 2 * MiB])
+    b = [line.replace("Pid   10", "Pid   20") for line in a]
+    (t,) = nccl_tests.read_tables(write(tmp_path, "two-c.txt", _interleave(a, b)))
+    assert (t.collective.name, t.world_size, t.runs, len(t.rows)) == ("all_reduce", 8, 2, 4)
+    # two different tests interleaved: their rows cannot be told apart
+    g = [line.replace("Pid   10", "Pid   20") for line in run("all_gather", 8, [MiB, 2 * MiB])]
+    with pytest.raises(nccl_tests.NcclTestsError, match=r"the output of 2 different tests interleaves here "
+                       r"\(all_reduce_perf \(line 3\), all_gather_perf \(line 4\)\)"):  # fmt: skip
+        nccl_tests.read_tables(write(tmp_path, "two-d.txt", _interleave(a, g)))
 
 
 def test_rank_lines_of_some_ranks_fall_back_to_the_bandwidths_and_source_overrides(tmp_path):
@@ -123,6 +133,14 @@ def test_rank_lines_of_some_ranks_fall_back_to_the_bandwidths_and_source_overrid
     assert (t.world_size, t.world_size_by, t.nodes, t.ranks_listed) == (16, "busbw / algbw", None, [7, 15])
     (t,) = nccl_tests.read_tables(p, source_nodes=2)
     assert t.nodes == 2
+    out = str(tmp_path / "p.json")
+    assert main(["profile", p, "-o", out, "--source-nodes", "2"]) == 0  # as a user gives it
+    meta = json.loads(open(out).read())["metadata"]
+    assert (meta["world_size"], meta["nodes"], meta["sources"][0]["tables"][0]["rank_lines_list_only"]) == (
+        16,
+        2,
+        [7, 15],
+    )
     with pytest.raises(nccl_tests.NcclTestsError, match=r"named all_reduce by .* but its columns and numbers are"):
         nccl_tests.read_tables(p, source_ranks=8)  # 8 contradicts busbw/algbw of 16
     b = run("broadcast", 6, [64 * MiB], ranks=False)

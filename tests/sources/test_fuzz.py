@@ -1,6 +1,7 @@
-"""The readers fuzzed (issue 36): mutated nccl-tests logs (synthetic and, where present, a real one), ``-J``
-documents and Kineto traces each become a valid profile or a clear error naming the source, never a traceback, a
-hang, or the builder's net for errors a reader did not foresee (``build.READER_BUG``).
+"""The readers fuzzed (docs/profile.md, "Where production latency comes from"): mutated nccl-tests logs (synthetic
+and, where present, a real one), ``-J`` documents and Kineto traces each become a valid profile or a clear error
+naming the source, never a traceback, a hang, or the builder's net for errors a reader did not foresee
+(``build.READER_BUG``).
 
 Bounded for the default run: a few dozen examples per input kind, no deadline (the machine is shared), each example
 under an alarm so that a hang fails the test instead of stalling CI. ``DELAYCOMM_FUZZ_EXAMPLES=2000`` hunts longer
@@ -146,7 +147,8 @@ def _minus_j():
         return {"size": size, "count": size // 4, "type": "float", "redop": "sum", "root": -1,
                 "out_of_place": {"time": t, "alg_bw": bw, "bus_bw": bw * 1.5, "nwrong": 0},
                 "in_place": {"time": t, "alg_bw": bw, "bus_bw": bw * 1.5, "nwrong": 0},
-                "in_place_per_iter": {"min_us": t * 0.9, "max_us": t * 1.5, "p99_us": t * 1.4, "cv_pct": 3.0}}  # fmt: skip
+                "in_place_per_iter": {"min_us": t * 0.9, "max_us": t * 1.5, "p99_us": t * 1.4,
+                                      "cv_pct": 3.0}}  # fmt: skip
 
     return {"version": 3, "args": ["all_reduce_perf", "-b", "1M"], "nccl_version": 22902,
             "config": {"iterations": 20, "devices": [{"rank": r, "pid": 10 + r, "hostname": "n0"} for r in range(4)]},

@@ -108,6 +108,7 @@ class _Parser:
         self.placements: list[str] | None = None
         self.ranks_cut = False
         self.run_start = 0  # the line of the current run's first line
+        self.other_starts: list[tuple[str, int]] = []  # "Collective test starting" of runs interleaved with it
 
     def fail(self, lineno: int, why: str) -> None:
         raise NcclTestsError(f"nccl-tests log {self.path}:{lineno}: {why}")
@@ -118,7 +119,7 @@ class _Parser:
 
     def new_run(self) -> None:
         self.runs, self.params, self.placements, self.ranks_cut = [{}], {}, None, False
-        self.run_params, self.twice = 0, None
+        self.run_params, self.twice, self.other_starts = 0, None, []
 
     def feed(self, lineno: int, raw: str) -> None:
         line = _strip(raw)
@@ -154,6 +155,9 @@ class _Parser:
         if m:
             self.close()
             if m.group(1) == "starting":
+                if self.starting is not None:  # a second run starts before the first printed a table: interleaved
+                    self.other_starts.append((m.group(2), lineno))
+                    return
                 self.new_run()
                 self.names = {}
                 self.starting = (m.group(2), lineno)
@@ -238,7 +242,9 @@ class _Parser:
         if len(runs) > 1:
             ranks = self.interleaved(runs)
         t = Table(self.path, lineno, header, ranks=dict(ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
-        t.runs = max(1, len(runs), self.run_params)
+        t.runs = max(1, len(runs), self.run_params, 1 + len(self.other_starts))
+        if t.runs > 1:
+            self.same_test(lineno)
         t.versions = dict(self.versions)
         if self.starting is not None:
             c = collective(self.starting[0])
@@ -257,6 +263,19 @@ class _Parser:
         self.tables.append(t)
         self.starting = None
         self.names = {}
+
+    def same_test(self, lineno: int) -> None:
+        """Runs whose output interleaves into one table must be of one test: rows do not say whose they are."""
+        named = [(n, at) for n, at in ([self.starting] if self.starting else []) + self.other_starts]
+        named += [(n, at) for n, (_, at) in self.names.items()]
+        tests = {(c.name if (c := collective(n)) else n) for n, _ in named}
+        if len(tests) > 1:
+            shown = ", ".join(f"{n} (line {at})" for n, at in named)
+            self.fail(
+                lineno,
+                f"the output of {len(tests)} different tests interleaves here ({shown}): their rows cannot be told "
+                "apart; split the log by run (each mpirun's output to its own file)",
+            )
 
     def interleaved(self, runs: list[dict[int, tuple[str, int]]]) -> dict[int, tuple[str, int]]:
         """The rank lines of one of several runs whose output interleaves; all must list the same ranks."""

@@ -139,6 +139,12 @@ def kind_of(path: str) -> str:
                 )
             if '"out_of_place"' in head or '"in_place"' in head or '"results"' in head:
                 return "nccl-tests"
+            if len(raw) == size:  # a large document: its records may come after the head
+                from delaycomm.sources.files import read_bytes
+
+                data = read_bytes(path, "file", SourceError)
+                if b'"out_of_place"' in data or b'"in_place"' in data:
+                    return "nccl-tests"
             return "stats"  # the stats reader names what is wrong with it
     if any(nccl_tests.looks_like(line) for line in iter_lines(path, "file", SourceError)):
         return "nccl-tests"
@@ -243,19 +249,24 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
     src = Source(path, "nccl-tests", None, None)
     src.backends.add("nccl")
     described: list[dict] = []
+    same: dict[tuple, dict] = {}  # the description of a run, by what runs appended one after another share
     worlds, hosts = set(), set()
     spreads_from_columns = 0
-    failed: list[str] = []
+    failed: list[str] = []  # the first 64 places a validation failed
+    n_failed = 0
     try:
         for t in nccl_tests.iter_tables(path, opt.op, opt.source_ranks, opt.source_nodes):
             worlds.add(t.world_size)
             hosts.add(t.nodes)
             used, n = _table_rows(src, t, opt)
             spreads_from_columns += n
-            failed.extend(nccl_tests.failed_rows(t))
+            bad = nccl_tests.failed_rows(t)
+            n_failed += len(bad)
+            failed.extend(bad[: max(0, 64 - len(failed))])
             d = _describe(t, used)
-            last = described[-1] if described else None
-            if last is not None and all(last.get(k) == d.get(k) for k in _SAME):  # a sweep appended run after run
+            key = tuple(repr(d.get(k)) for k in _SAME)
+            last = same.get(key)
+            if last is not None:  # a sweep appended run after run: one description, counted
                 last["runs_appended"] = last.get("runs_appended", 1) + 1
                 last["last_line"] = t.line
                 last["rows"] += d["rows"]
@@ -263,20 +274,21 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
                     last["placement"][k] = last["placement"].get(k, 0) + v
             else:
                 described.append(d)
+                same[key] = d
             t.rows = []  # read: not held to the end
     except nccl_tests.NcclTestsError as e:
         raise SourceError(f"delaycomm: profile: {e}") from None
     src.world_size = worlds.pop() if len(worlds) == 1 else None
     src.nodes = hosts.pop() if len(hosts) == 1 else None
     if failed:
-        shown = "; ".join(failed[:8]) + (f"; and {len(failed) - 8} more" if len(failed) > 8 else "")
-        what = f"nccl-tests log {path!r}: its validation failed in {len(failed)} place(s): {shown}"
+        shown = "; ".join(failed[:8]) + (f"; and {n_failed - 8} more" if n_failed > 8 else "")
+        what = f"nccl-tests log {path!r}: its validation failed in {n_failed} place(s): {shown}"
         if opt.strict:
             raise SourceError(f"delaycomm: profile: --strict: {what} (the times of a run that computed wrong results)")
         src.warnings.append(f"warning: {what}; read anyway (--strict refuses such a log)")
     src.info = {"tables": described, "spread_from_per_iteration_columns": spreads_from_columns}
     if failed:
-        src.info["validation_failed"] = failed[:64]
+        src.info["validation_failed"] = {"places": n_failed, "first": failed}
     return src
 
 
