@@ -61,6 +61,7 @@ class Table:
     ranks_listed: list[int] | None = None  # rank lines that did not list every rank: the ranks they listed
     row_count: int = 0  # the rows read (kept when the rows themselves are dropped after use)
     nodes_given: int | None = None  # --source-nodes
+    layouts: dict = field(default_factory=dict, repr=False)  # the reader's layout per row width (nccl_text)
     # Resolved by resolve():
     collective: Collective | None = None
     collective_by: str | None = None

@@ -25,6 +25,9 @@ _PARAMS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxB
 _ITERS = re.compile(r"(warmup iters|agg iters|iters):\s*(\d+)")
 _VERSION = re.compile(r"\b(nccl-tests|rccl-tests|NCCL|RCCL)\s+version\s*:?\s*(\S+)")
 _INT = re.compile(r"\d+")
+_ROOT = re.compile(r"-?\d{1,10}")
+_PER_ITER = ("i_min", "i_max", "i_p99", "i_cv")
+_INF = float("inf")
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
 MAX_WHOLE = (1 << 63) - 1  # size and count: nccl-tests prints size_t
 MAX_TIME_US = 86400e6  # a day: a time beyond it is not a collective's (and beyond the profile's histogram)
@@ -314,7 +317,9 @@ class _Parser:
 
     def parse_row(self, lineno: int, text: str, t: Table) -> Row:
         tokens = text.split()
-        layout = _layout(t, len(tokens))
+        layout = t.layouts.get(len(tokens), False)
+        if layout is False:
+            layout = t.layouts[len(tokens)] = _layout(t, len(tokens))
         if layout is None:
             self.fail(
                 lineno,
@@ -322,53 +327,58 @@ class _Parser:
                 f"({t.header_text})",
             )
         index, groups = layout
-
-        def integer(name: str) -> int:
-            v = tokens[index[name]]
-            if not _INT.fullmatch(v) or len(v) > 19 or int(v) > MAX_WHOLE:
-                shown = v if len(v) <= 24 else f"{v[:20]}... ({len(v)} characters)"
-                self.fail(lineno, f"column {name!r} is {shown!r} (expected a whole number from 0 to 2^63-1)")
-            return int(v)
-
-        def number(i: int, name: str, required: bool) -> float | None:
-            v = tokens[i]
-            if v.upper() == "N/A" and not required:
-                return None
-            try:
-                x = float(v)
-            except ValueError:
-                self.fail(lineno, f"column {name!r} is {v!r} (expected a number{'' if required else ' or N/A'})")
-            if x != x or x < 0 or x == float("inf"):
-                self.fail(lineno, f"column {name!r} is {v!r} (expected a finite number >= 0)")
-            if x > MAX_TIME_US and (name.endswith("time") or name.split()[-1].startswith("i_")):
-                self.fail(lineno, f"column {name!r} is {v!r} (expected at most {MAX_TIME_US:.4g} us, a day)")
-            return x
-
         redop = None
         if "redop" in index:
             redop = "" if index["redop"] < 0 else tokens[index["redop"]]
         root = None
         if "root" in index:
             v = tokens[index["root"]]
-            if not re.fullmatch(r"-?\d+", v):
-                self.fail(lineno, f"column 'root' is {v!r} (expected a whole number)")
+            if not _ROOT.fullmatch(v):
+                self.fail(lineno, f"column 'root' is {v[:24]!r} (expected a whole number, -1 for none)")
             root = int(v)
         timings = {}
         for name, cols in groups:
             if cols["time"] >= len(tokens):
                 continue
-            tm = number(cols["time"], f"{name} time", True)
-            per_iter = {
-                k: number(cols[k], f"{name} {k}", False) for k in ("i_min", "i_max", "i_p99", "i_cv") if k in cols
-            }
+            tm = self.number(lineno, tokens, cols, name, "time", True)
+            per_iter = None
+            if len(cols) > 4:
+                per_iter = {k: self.number(lineno, tokens, cols, name, k, False) for k in _PER_ITER if k in cols}
+                per_iter = {k: v for k, v in per_iter.items() if v is not None} or None
             timings[name] = Timing(
-                tm,
-                number(cols["algbw"], f"{name} algbw", False),
-                number(cols["busbw"], f"{name} busbw", False),
+                tm,  # type: ignore[arg-type]  # required: never None
+                self.number(lineno, tokens, cols, name, "algbw", False),
+                self.number(lineno, tokens, cols, name, "busbw", False),
                 tokens[cols["wrong"]] if "wrong" in cols else None,
-                {k: v for k, v in per_iter.items() if v is not None} or None,
+                per_iter,
             )
-        return Row(lineno, integer("size"), integer("count"), tokens[index["type"]], redop, root, timings)
+        size, count = self.integer(lineno, tokens, index, "size"), self.integer(lineno, tokens, index, "count")
+        return Row(lineno, size, count, tokens[index["type"]], redop, root, timings)
+
+    def integer(self, lineno: int, tokens: list[str], index: dict[str, int], name: str) -> int:
+        v = tokens[index[name]]
+        if not _INT.fullmatch(v) or len(v) > 19 or int(v) > MAX_WHOLE:
+            shown = v if len(v) <= 24 else f"{v[:20]}... ({len(v)} characters)"
+            self.fail(lineno, f"column {name!r} is {shown!r} (expected a whole number from 0 to 2^63-1)")
+        return int(v)
+
+    def number(
+        self, lineno: int, tokens: list[str], cols: dict[str, int], group: str, column: str, required: bool
+    ) -> float | None:
+        v = tokens[cols[column]]
+        try:
+            x = float(v)
+        except ValueError:
+            if not required and v.upper() == "N/A":
+                return None
+            self.fail(
+                lineno, f"column '{group} {column}' is {v[:24]!r} (expected a number{'' if required else ' or N/A'})"
+            )
+        if not 0.0 <= x < _INF:  # NaN, negative, infinite
+            self.fail(lineno, f"column '{group} {column}' is {v[:24]!r} (expected a finite number >= 0)")
+        if x > MAX_TIME_US and (column == "time" or column.startswith("i_")):
+            self.fail(lineno, f"column '{group} {column}' is {v[:24]!r} (expected at most {MAX_TIME_US:.4g} us, a day)")
+        return x
 
     def close(self) -> None:
         if self.table is not None:
