@@ -317,5 +317,14 @@ def test_a_gzip_bomb_stops_at_the_limit_and_a_cut_gzip_is_refused(tmp_path, monk
         profile(str(p))
     good = gzip.compress(b'{"traceEvents": []}')
     p.write_bytes(good[:-6])
-    with pytest.raises(build.SourceError, match=r"not valid gzip"):
+    with pytest.raises(build.SourceError, match=r"not valid gzip \(it ends before its last member does\)"):
         profile(str(p))
+    p.write_bytes(good + b"\0\0junk")
+    with pytest.raises(build.SourceError, match=r"not valid gzip \(bytes after its last member\)"):
+        profile(str(p))
+    # members one after another (cat a.gz b.gz), and zero padding after the last, read as gzip itself reads them
+    text = "\n".join(run("all_reduce", 8, [MiB, 2 * MiB])) + "\n"
+    log = tmp_path / "log.gz"
+    log.write_bytes(gzip.compress(text[:500].encode()) + gzip.compress(text[500:].encode()) + b"\0" * 512)
+    (t,) = nccl_tests.read_tables(str(log))
+    assert (t.collective.name, len(t.rows)) == ("all_reduce", 2)

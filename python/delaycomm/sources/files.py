@@ -28,9 +28,15 @@ def _gunzip_chunks(chunks: Iterator[bytes], name: str, error: type[Exception], l
     got = 0
     d = zlib.decompressobj(16 + zlib.MAX_WBITS)
     begun = False  # some of the current member was fed to d
+    padding = False  # after the last member: zero bytes only (block padding, which gzip itself ignores)
     for chunk in chunks:
         pending = chunk
         while pending:
+            if padding or (not begun and pending[:1] == b"\0"):
+                if pending.strip(b"\0"):
+                    raise error(f"{name} is not valid gzip (bytes after its last member)")
+                padding = True
+                break
             begun = True
             try:
                 out = d.decompress(pending, _CHUNK)
@@ -43,7 +49,7 @@ def _gunzip_chunks(chunks: Iterator[bytes], name: str, error: type[Exception], l
                 yield out
             if d.eof:
                 pending, begun = d.unused_data, False
-                if pending and pending[:2] != b"\x1f\x8b" and len(pending) >= 2:
+                if pending[:1] not in (b"", b"\0", b"\x1f"):  # another member, zero padding, or nothing
                     raise error(f"{name} is not valid gzip (bytes after its last member)")
                 d = zlib.decompressobj(16 + zlib.MAX_WBITS)
             else:
