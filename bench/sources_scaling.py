@@ -5,7 +5,7 @@ Each input is made here from one real-format run (tests/sources/logs.py: nccl-te
 ranks, 50 sizes) appended run after run, as a sweep's log is, in two variants: ``same`` (every run prints the same
 times: a log of one test repeated, the issue's case) and ``varied`` (every run's times differ: every row a distinct
 draw, the worst case for the reader's pooling of repeated rows). Each point is one ``profile`` process: its wall
-time, the profile command's own time (after the imports), its peak RSS and its RSS after the imports (getrusage).
+time, the profile command's own time (after the imports), its peak RSS and its peak RSS after the imports (VmHWM).
 The machine is shared: the seconds are noisy.
 
   python bench/sources_scaling.py --out bench/results/DATE-vm2core-sources-scaling
@@ -65,11 +65,15 @@ def _json_log(path: str, rows: int, varied: bool) -> None:
 def _measure(src: str, out: str) -> dict:
     t0 = time.perf_counter()
     # one process per point, which reports its own time and peak RSS
+    # VmHWM: the peak RSS of this process's own address space (getrusage's ru_maxrss would carry the parent's
+    # size over the exec: this script holds a -J document's records while it writes them)
     code = (
-        "import resource, sys, time; from delaycomm.__main__ import main; base = resource.getrusage("
-        "resource.RUSAGE_SELF).ru_maxrss; t = time.perf_counter(); rc = main(sys.argv[1:]); "
-        "print(time.perf_counter() - t, base, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr); "
-        "sys.exit(rc)"
+        "import sys, time\n"
+        "def hwm():\n"
+        "    return next(int(x.split()[1]) for x in open('/proc/self/status') if x.startswith('VmHWM'))\n"
+        "from delaycomm.__main__ import main\n"
+        "base = hwm(); t = time.perf_counter(); rc = main(sys.argv[1:])\n"
+        "print(time.perf_counter() - t, base, hwm(), file=sys.stderr); sys.exit(rc)\n"
     )
     p = subprocess.run([sys.executable, "-c", code, "profile", src, "-o", out], capture_output=True, text=True)
     seconds = time.perf_counter() - t0
@@ -80,7 +84,7 @@ def _measure(src: str, out: str) -> dict:
         "seconds": round(seconds, 2),  # the process: Python, torch and delaycomm imported, then the profile
         "profile_seconds": round(float(read_s), 2),  # the profile command alone (read, build, write)
         "peak_mib": round(int(peak_kib) / 1024, 1),  # the process's peak RSS
-        "imports_mib": round(int(base_kib) / 1024, 1),  # its RSS after the imports, before reading
+        "imports_mib": round(int(base_kib) / 1024, 1),  # its peak RSS after the imports, before reading
         "input_mib": os.path.getsize(src) / 2**20,
     }
 
