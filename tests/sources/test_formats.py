@@ -94,6 +94,10 @@ def test_a_sweep_appended_run_after_run_reads_every_run_pooled_per_size(tmp_path
     (src,) = doc["metadata"]["sources"]
     (d,) = src["tables"]
     assert (d["runs_appended"], d["rows"]) == (5, 10)
+    # the cost model keeps the first 64 measurements of each (collective, size, scale): its memory stays bounded
+    p = write(tmp_path, "long.txt", run("all_reduce", 8, [MiB, 2 * MiB]) * 70)
+    s = build.read_source(p, build.Options())
+    assert len(s.observations) == 2 * 64 and s.info["observations_not_kept"] == 2 * 6
 
 
 def _interleave(a, b):
@@ -281,6 +285,14 @@ def test_unsized_calls_are_counted_named_and_written_as_the_ops_pooled_distribut
     (note,) = [n for n in notes if "unknown size" in n]
     assert note.startswith("20 allreduce call(s) of unknown size: written as the op's pooled distribution")
     assert "record_shapes=True" in note
+    from delaycomm import _C
+    from delaycomm import profile as profiles
+
+    out = str(tmp_path / "p.json")
+    profiles.write(doc, out)  # the native loader checks it
+    s = _C.DelaySampler(f"profile:{out}")
+    for nbytes in (4, 1 << 20, 1 << 30):  # one class, drawn for every size: its median is the calls' (40..59 us)
+        assert 40e-6 <= s.quantile(0.5, op="allreduce", nbytes=nbytes) <= 60e-6
 
 
 @pytest.mark.parametrize(

@@ -150,10 +150,10 @@ def build_profile(
     stats = [p for p in paths if kinds[p] == "stats"]
     others = [p for p in paths if kinds[p] != "stats"]
     if not others:
-        if opt.ranks is not None or opt.op is not None:
+        if opt.ranks is not None or opt.op is not None or opt.source_ranks is not None or opt.source_nodes is not None:
             raise SourceError(
-                "delaycomm: profile: --ranks/--nodes and --op apply to nccl-tests logs and Kineto traces; the "
-                "files given are delaycomm stats"
+                "delaycomm: profile: --ranks/--nodes, --op and --source-ranks/--source-nodes apply to nccl-tests logs "
+                "and Kineto traces; the files given are delaycomm stats"
             )
         return stats_build(stats), []
     if opt.ranks is not None and stats:

@@ -19,6 +19,7 @@ from delaycomm.sources.ops import collective_of_op, element_size
 __all__ = ["SourceError", "Options", "Source", "DEFAULT_TAIL", "kind_of", "read_source", "row_class_bytes"]
 
 DEFAULT_TAIL = 1.25  # p99/p50 of the spread of a mean (docs/profile.md, "Where production latency comes from")
+MAX_OBSERVATIONS = 64  # the cost model's measurements kept per (collective, size, scale) of a source
 _SNAP = 1e-3  # nccl-tests rounds counts down to whole elements per rank: a size this close under 2^k is 2^k
 
 
@@ -58,6 +59,7 @@ class Source:
     backends: set[str] = field(default_factory=set)
     warnings: list[str] = field(default_factory=list)  # said on stderr (a validation that failed)
     _pools: dict[tuple[tuple[str, ...], int], Pool] = field(default_factory=dict, repr=False)
+    _observed: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     @property
     def topology(self) -> costmodel.Topology | None:
@@ -77,6 +79,20 @@ class Source:
             for op in ops:
                 self.samples.setdefault((op, int(nbytes)), []).append(p)
         return p
+
+    def observe(self, o: costmodel.Observation) -> None:
+        """A measurement for the cost model: the first :data:`MAX_OBSERVATIONS` of each (collective, size, scale)
+        are kept (a sweep appended thousands of times adds no more to the fit, and its memory stays bounded); how
+        many more were seen is in ``info["observations_not_kept"]``."""
+        key = (o.collective, o.size, o.topology.ranks, o.topology.nodes)
+        n = self._observed.get(key, 0)
+        self._observed[key] = n + 1
+        if n < MAX_OBSERVATIONS:
+            self.observations.append(o)
+
+    @property
+    def observations_not_kept(self) -> int:
+        return sum(max(0, n - MAX_OBSERVATIONS) for n in self._observed.values())
 
     def add(self, op: str, nbytes: int, samples: np.ndarray) -> None:
         """Each of ``samples`` as one call of ``op`` of ``nbytes``."""
@@ -194,7 +210,7 @@ def _table_rows(src: Source, t, opt: Options) -> tuple[dict[str, int], int]:
     c = t.collective
     first, second = _placement(c, opt.placement)
     topo = None
-    if opt.ranks is not None and t.world_size and t.nodes:
+    if t.world_size and t.nodes:
         try:
             topo = costmodel.Topology(t.world_size, t.nodes, opt.nics_per_node)
         except costmodel.ModelError:
@@ -215,7 +231,7 @@ def _table_rows(src: Source, t, opt: Options) -> tuple[dict[str, int], int]:
             raise SourceError(f"delaycomm: profile: nccl-tests log {t.at(r)}: {e}") from None
         src.pool(c.ops, nbytes).add(tm.time_us * 1e3, spread)
         if topo is not None and r.size > 0:
-            src.observations.append(costmodel.Observation(c.name, r.size, topo, tm.time_us * 1e-6, t.at(r)))
+            src.observe(costmodel.Observation(c.name, r.size, topo, tm.time_us * 1e-6, t.at(r)))
     return used, from_columns
 
 
@@ -287,6 +303,8 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
             raise SourceError(f"delaycomm: profile: --strict: {what} (the times of a run that computed wrong results)")
         src.warnings.append(f"warning: {what}; read anyway (--strict refuses such a log)")
     src.info = {"tables": described, "spread_from_per_iteration_columns": spreads_from_columns}
+    if src.observations_not_kept:
+        src.info["observations_not_kept"] = src.observations_not_kept
     if failed:
         src.info["validation_failed"] = {"places": n_failed, "first": failed}
     return src
@@ -323,7 +341,7 @@ def _read_kineto(path: str, opt: Options) -> Source:
         src.pool((call.op,), call.nbytes).add(call.dur_ns)
         c = collective_of_op(call.op)
         n = call.group_size or world
-        if opt.ranks is not None and c is not None and n and call.nbytes > 0:
+        if c is not None and n and call.nbytes > 0:
             groups.setdefault((c.name, c.total_bytes(call.nbytes, n), n), []).append(call.dur_ns)
     for (name, size, n), durs in sorted(groups.items()):
         try:
