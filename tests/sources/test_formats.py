@@ -117,6 +117,22 @@ def test_two_interleaved_runs_read_as_one_table_of_their_world_size(tmp_path):
     p = write(tmp_path, "two-b.txt", a[:15] + b[:15] + _interleave(a[15:], b[15:]))
     (t,) = nccl_tests.read_tables(p)
     assert (t.world_size, len(t.rows)) == (8, 4)
+    # lines interleaved at random (two processes writing one file): a run's rank lines after the other's header
+    import random
+
+    rng = random.Random(7)
+    merged, i, j = [], 0, 0
+    while i < len(a) or j < len(b):
+        if j >= len(b) or (i < len(a) and rng.random() < 0.5):
+            merged.append(a[i])
+            i += 1
+        else:
+            merged.append(b[j])
+            j += 1
+    header = next(k for k, line in enumerate(merged) if "#wrong" in line)
+    assert any("Pid   20" in line for line in merged[header:])  # some of b's rank lines come after a's header
+    (t,) = nccl_tests.read_tables(write(tmp_path, "two-r.txt", merged))
+    assert (t.world_size, len(t.rows)) == (8, 4)
     # nccl-tests >= 2.17, with its "Collective test starting" markers
     a = run("all_reduce", 8, [MiB, 2 * MiB])
     b = [line.replace("Pid   10", "Pid   20") for line in a]

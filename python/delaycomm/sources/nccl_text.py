@@ -281,7 +281,8 @@ class _Parser:
             )
 
     def interleaved(self, runs: list[dict[int, tuple[str, int]]]) -> dict[int, tuple[str, int]]:
-        """The rank lines of one of several runs whose output interleaves; all must list the same ranks."""
+        """The rank lines of one of several runs whose output interleaves: the run that lists ranks 0..n-1, where
+        the others list some of them (a run's lines may still come after another's table began)."""
         if all(len(r) == 1 for r in runs) and self.twice is not None:
             line, rank, seen, (host, pid) = self.twice
             self.fail(
@@ -289,6 +290,9 @@ class _Parser:
                 f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
                 "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
             )
+        full = max(runs, key=len)
+        if sorted(full) == list(range(len(full))) and all(r.keys() <= full.keys() for r in runs):
+            return full
         if any(sorted(r) != sorted(runs[0]) for r in runs):
             shown = "; ".join(str(sorted(r)) for r in runs)
             where = self.twice[0] if self.twice else self.run_start
