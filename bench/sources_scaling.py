@@ -10,6 +10,7 @@ The machine is shared: the seconds are noisy.
 
   python bench/sources_scaling.py --out bench/results/DATE-vm2core-sources-scaling
   python bench/sources_scaling.py --rows 1000,10000 --out /tmp/scale   # a quick look
+  PYTHONPATH=/tmp/old python bench/sources_scaling.py ...   # another delaycomm's reader (a copy of the package)
 """
 
 from __future__ import annotations
@@ -114,6 +115,7 @@ def main() -> int:
         "command": "python bench/sources_scaling.py " + " ".join(sys.argv[1:]),
         "machine": f"{platform.node()}: {os.cpu_count()} CPUs, {platform.platform()} (shared with other work: noisy)",
         "python": sys.version.split()[0],
+        "pythonpath": os.environ.get("PYTHONPATH"),  # where the delaycomm measured came from, when not the venv
         "points": points,
     }
     with open(os.path.join(a.out, "result.json"), "w") as f:
