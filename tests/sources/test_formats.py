@@ -242,14 +242,19 @@ def test_minus_j_bad_values_are_refused_naming_the_record_and_field(tmp_path, mu
         profile(p)
 
 
-def test_deep_nesting_is_refused_without_a_traceback(tmp_path, capsys):
-    for name, text in [("deep.json", '{"results": ' + "[" * 100_000 + "]" * 100_000 + "}"),
-                       ("deep-trace.json", '{"traceEvents": ' + "[" * 100_000 + "]" * 100_000 + "}")]:  # fmt: skip
+def test_deep_nesting_and_huge_integers_are_refused_without_a_traceback(tmp_path, capsys):
+    huge = "9" * 5000  # more digits than Python converts
+    for name, text, said in [
+        ("deep.json", '{"results": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests its values too deep"),
+        ("deep-trace.json", '{"traceEvents": ' + "[" * 100_000 + "]" * 100_000 + "}", "nests its values too deep"),
+        ("huge.json", '{"results": [{"size": ' + huge + ', "in_place": {}}]}', "is not JSON that delaycomm reads"),
+        ("huge-trace.json", '{"traceEvents": [], "x": ' + huge + "}", "is not JSON that delaycomm reads"),
+    ]:
         p = tmp_path / name
         p.write_text(text)
         assert main(["profile", str(p), "-o", str(tmp_path / "o.json")]) == 2
         err = capsys.readouterr().err
-        assert err.startswith("error: delaycomm: profile: ") and "nests its values too deep" in err, err
+        assert err.startswith("error: delaycomm: profile: ") and said in err, err
 
 
 def _trace(tmp_path, events, info=None):

@@ -72,6 +72,8 @@ def load_json(path: str) -> object:
         raise KinetoError(f"trace {path!r} is not JSON ({e})") from None
     except RecursionError:
         raise KinetoError(f"trace {path!r} nests its values too deep (not a profiler trace)") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise KinetoError(f"trace {path!r} is not JSON that delaycomm reads ({e})") from None
 
 
 MAX_DUR_US = 86400e6  # a day: a longer event is not a call (and beyond the profile's histogram)

@@ -65,6 +65,8 @@ def _load_json(path: str) -> object:
         raise NcclTestsError(
             f"nccl-tests JSON {path!r} nests its values too deep (not nccl-tests' -J output)"
         ) from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise NcclTestsError(f"nccl-tests JSON {path!r} is not JSON that delaycomm reads ({e})") from None
 
 
 def iter_tables(

@@ -111,8 +111,9 @@ def _json_prefix(head: str, whole: bool) -> tuple[bool, str | None]:
         if not whole and e.pos >= len(head) - 64:
             return True, None  # the head ends inside the document
         return False, f"not JSON ({e.msg}: line {e.lineno} column {e.colno})"
-    except RecursionError:
-        return True, None  # nested deeper than the parser goes: JSON, refused by its reader
+    except (RecursionError, ValueError):
+        return True, None  # nested deeper than the parser goes, an integer of thousands of digits: JSON, refused
+        # by its reader
     rest = head[end:].strip()
     if not rest:
         return True, None
