@@ -49,6 +49,18 @@ def test_a_log_is_recognised_by_its_table_whatever_comes_first(tmp_path, before)
     assert one(doc, "allreduce", MiB)["sum_ns"] / 1000 / 1e3 == pytest.approx(time_us("all_reduce", MiB) * 1.1, 1e-3)
 
 
+@pytest.mark.parametrize(
+    "prefix", ["node-01: ", "[node-01] ", "[1,3]<stdout>:", "3: "], ids=["pdsh", "tag", "ompi", "srun"]
+)
+def test_every_line_prefixed_by_a_launcher_reads_the_same(tmp_path, prefix):
+    plain = nccl_tests.read_tables(write(tmp_path, "plain.txt", run("all_reduce", 8, [MiB, 2 * MiB], nodes=2)))
+    lines = [prefix + line for line in run("all_reduce", 8, [MiB, 2 * MiB], nodes=2)]
+    (t,) = nccl_tests.read_tables(write(tmp_path, "prefixed.txt", lines))
+    (p,) = plain
+    assert (t.collective.name, t.world_size, t.nodes, len(t.rows)) == ("all_reduce", 8, 2, 2)
+    assert [r.timings["in-place"].time_us for r in t.rows] == [r.timings["in-place"].time_us for r in p.rows]
+
+
 def test_an_open_mpi_tagged_log_from_its_first_tag_and_a_gzip_one(tmp_path):
     tagged = [f"[1,{i % 3}]<stdout>:{line}" for i, line in enumerate(run("all_gather", 4, [MiB]))]
     p = write(tmp_path, "tagged.txt", tagged)

@@ -13,9 +13,11 @@ __all__ = ["looks_like", "parse", "iter_parse", "MAX_WHOLE", "MAX_TIME_US"]
 
 
 # A launcher's prefix on a line: Open MPI's --tag-output "[1,0]<stdout>:", srun -l's "0: ", a markdown quote "> ",
-# kubectl logs --timestamps' "2024-05-01T12:00:00.123456789Z ".
+# kubectl logs --timestamps' "2024-05-01T12:00:00.123456789Z ", pdsh's "node-01: " and a "[node-01] " tag (a host
+# name: no blank inside, so a shell prompt "[root@host dir]# " is not one).
 _PREFIX = re.compile(
-    r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s)"
+    r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s"
+    r"|[A-Za-z][\w.\-]{0,63}:\s|\[[\w.\-]{1,64}\]\s)"
 )
 _RANK = re.compile(r"\bRank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+\d+")
 _STARTING = re.compile(r"Collective test (starting|concluded):\s*(\S+)")
