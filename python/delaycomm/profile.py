@@ -420,8 +420,8 @@ def _run(args) -> int:
 
         doc, notes = sources.build_profile(inputs, sources.options_from(args), build)
         write(doc, args.output, inputs)
-        for note in notes:
-            print(f"# {note}", file=sys.stderr)
+        for note in notes:  # a warning (a log whose validation failed) as one, the rest as notes
+            print(note if note.startswith("warning: ") else f"# {note}", file=sys.stderr)
         print(f"# wrote {args.output}", file=sys.stderr, flush=True)
     loaded = load(target) if (args.png or args.show) else None
     if args.png:

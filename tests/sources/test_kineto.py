@@ -125,7 +125,7 @@ def test_gloo_events_and_a_bare_event_list(tmp_path):
         ("broadcast", 53120 * F32, 30e3, "gloo event"),
     ]
     assert [(c.op, c.why_unsized) for c in t.calls if c.nbytes is None] == [
-        ("allreduce", "the event has no tensor Input Dims/Input type")
+        ("allreduce", "the gloo:all_reduce event has no tensor Input Dims/Input type")
     ]
 
 
@@ -153,6 +153,6 @@ def test_traces_that_cannot_be_read_are_errors_naming_the_file(tmp_path):
     p.write_text('{"schemaVersion": 1, "events": []}')
     with pytest.raises(kineto.KinetoError, match=r"is not a PyTorch profiler trace"):
         kineto.read_trace(str(p))
-    only_unsized = write(tmp_path, [cpu("gloo:all_reduce", 1, 2)], "u.json")
+    empty = write(tmp_path, [cpu("gloo:unknown_thing", 1, 2)], "u.json")
     with pytest.raises(build.SourceError, match=r"hold no call of known size"):
-        build.build_profile([only_unsized], build.Options(), None)
+        build.build_profile([empty], build.Options(), None)

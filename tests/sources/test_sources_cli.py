@@ -42,7 +42,8 @@ def test_a_log_a_trace_and_stats_are_told_apart_by_content_and_errors_name_the_f
     text = tmp_path / "notes.txt"
     text.write_text("hello\n")
     assert main(["profile", str(text), "-o", out]) == 2
-    assert "notes.txt' is not delaycomm stats (JSON), an nccl-tests log" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "notes.txt' is none of the sources delaycomm reads: it starts with 'hello'. Expected delaycomm stats" in err
     assert main(["profile", log, "-o", out, "--ranks", "16"]) == 2
     assert "--ranks N and --nodes M go together" in capsys.readouterr().err
     assert main(["profile", log, "-o", out, "--ranks", "16", "--nodes", "3"]) == 2

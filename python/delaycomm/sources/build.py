@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from delaycomm import _schema, costmodel
-from delaycomm.sources.histogram import class_entry, size_class_bytes
+from delaycomm.sources.histogram import Pools, class_entry, size_class_bytes
 from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op
 from delaycomm.sources.read import (
     DEFAULT_TAIL,
@@ -42,18 +42,26 @@ __all__ = [
 ]
 
 
-def _merge_samples(parts: list[np.ndarray]) -> np.ndarray:
-    return np.concatenate(parts) if len(parts) > 1 else parts[0]
+def _merge_samples(parts: list) -> Pools:
+    """The parts of one (op, bytes) as one (pools are added up when the class is written, not copied here)."""
+    return Pools(parts)
 
 
-def _classes(samples: dict[tuple[str, int], np.ndarray]) -> dict[str, list[dict]]:
-    by: dict[str, dict[int, list[np.ndarray]]] = {}
+def _classes(samples: dict[tuple[str, int], Pools]) -> dict[str, list[dict]]:
+    by: dict[str, dict[int, list]] = {}
     for (op, nbytes), x in samples.items():
-        by.setdefault(op, {}).setdefault(size_class_bytes(row_class_bytes(nbytes)), []).append(x)
-    return {
-        op: [class_entry(cls, _merge_samples(parts)) for cls, parts in sorted(classes.items())]
-        for op, classes in sorted(by.items())
-    }
+        by.setdefault(op, {}).setdefault(size_class_bytes(row_class_bytes(nbytes)), []).extend(
+            x if isinstance(x, list) else [x]
+        )
+    done: dict[tuple, dict] = {}  # the ops of one collective share their rows' pools: each class added up once
+
+    def entry(cls: int, parts: list) -> dict:
+        key = (cls, *(id(p) for p in parts))
+        if key not in done:
+            done[key] = class_entry(cls, parts)
+        return dict(done[key])
+
+    return {op: [entry(cls, parts) for cls, parts in sorted(classes.items())] for op, classes in sorted(by.items())}
 
 
 def _distance(a: costmodel.Topology, b: costmodel.Topology) -> float:
@@ -142,10 +150,10 @@ def build_profile(
     stats = [p for p in paths if kinds[p] == "stats"]
     others = [p for p in paths if kinds[p] != "stats"]
     if not others:
-        if opt.ranks is not None or opt.op is not None:
+        if opt.ranks is not None or opt.op is not None or opt.source_ranks is not None or opt.source_nodes is not None:
             raise SourceError(
-                "delaycomm: profile: --ranks/--nodes and --op apply to nccl-tests logs and Kineto traces; the "
-                "files given are delaycomm stats"
+                "delaycomm: profile: --ranks/--nodes, --op and --source-ranks/--source-nodes apply to nccl-tests logs "
+                "and Kineto traces; the files given are delaycomm stats"
             )
         return stats_build(stats), []
     if opt.ranks is not None and stats:
@@ -153,7 +161,7 @@ def build_profile(
             f"delaycomm: profile: --ranks re-targets nccl-tests logs and traces; {stats[0]!r} is delaycomm stats "
             "(latency measured by delaycomm is not re-targeted: build it into a profile of its own)"
         )
-    sources = [read_source(p, opt, kinds[p]) for p in others]
+    sources = [_read(p, opt, kinds[p]) for p in others]
     report: list[str] = []
     retarget_meta = model = None
     if opt.ranks is not None:
@@ -173,12 +181,14 @@ def build_profile(
             for key, parts in s.samples.items():
                 merged.setdefault(key, []).extend(parts)
         samples = {k: _merge_samples(v) for k, v in merged.items()}
-    if not samples:
+    ops = _classes(samples)
+    unsized = _unsized(sources, report, ops)
+    if not ops:
         raise SourceError(
             f"delaycomm: profile: the sources hold no call of known size ({', '.join(others)}): nothing to replay"
         )
-    ops = _classes(samples)
-    unsized = _unsized(sources, report)
+    for s in sources:
+        report.extend(s.warnings)
     doc = {
         "format": _schema.FORMAT,
         "version": _schema.VERSION,
@@ -224,32 +234,64 @@ def build_profile(
     return doc, report
 
 
+READER_BUG = "a bug in delaycomm's reader"
+
+
+def _read(path: str, opt: Options, kind: str) -> Source:
+    """:func:`read_source`, with any error a reader did not foresee still an error naming the file (exit 2, no
+    traceback); tests/sources/test_fuzz.py asserts that no input reaches it."""
+    try:
+        return read_source(path, opt, kind)
+    except (ArithmeticError, RecursionError, LookupError, TypeError, AttributeError, UnicodeError) as e:
+        raise SourceError(
+            f"delaycomm: profile: {path!r} ({kind}) could not be read: {type(e).__name__}: {str(e)[:200]} "
+            f"({READER_BUG}: please report it with the file)"
+        ) from None
+
+
 def _common(values) -> int | None:
     vs = set(values)
     return vs.pop() if len(vs) == 1 else None
 
 
-def _unsized(sources: list[Source], report: list[str]) -> dict | None:
+_SIZE_HINT = {
+    "kineto": "record the trace with torch.profiler.profile(record_shapes=True) to size them",
+}
+
+
+def _unsized(sources: list[Source], report: list[str], ops: dict[str, list[dict]]) -> dict | None:
+    """The calls of unknown size, per op: counted, their reasons, and their pooled distribution; an op with no
+    sized call at all is written as that distribution (one class, bytes 0: every size), and the report says so."""
     out: dict[str, dict] = {}
+    pools: dict[str, list] = {}
     for s in sources:
         for op, durs in s.unsized.items():
-            e = out.setdefault(op, {"calls": 0, "reasons": {}, "sources": [], "durations": []})
+            e = out.setdefault(op, {"calls": 0, "reasons": {}, "sources": []})
             e["calls"] += len(durs)
-            e["durations"].extend(durs)
-            e["sources"].append(s.path)
+            pools.setdefault(op, []).append(np.asarray(durs, dtype=np.float64))
+            if s.path not in e["sources"]:
+                e["sources"].append(s.path)
             for why, n in s.unsized_why.get(op, {}).items():
                 e["reasons"][why] = e["reasons"].get(why, 0) + n
         for kernel, n in s.info.get("unattributed_kernels", {}).items():
             report.append(
                 f"{s.path}: {n} {kernel} kernel(s) of no op delaycomm can name (no CPU op says which): left out"
             )
-    for op, e in out.items():
-        e["histogram"] = class_entry(0, np.array(e.pop("durations")))
-        del e["histogram"]["bytes"]
-        report.append(
-            f"{e['calls']} {op} call(s) of unknown size: kept in metadata.unsized (the op's pooled distribution, "
-            f"not replayed per size): {'; '.join(f'{n} {w}' for w, n in e['reasons'].items())}"
-        )
+    hint = "; ".join(sorted({h for s in sources if s.unsized for k, h in _SIZE_HINT.items() if s.kind == k}))
+    for op, e in sorted(out.items()):
+        entry = class_entry(0, pools[op])
+        e["histogram"] = {k: v for k, v in entry.items() if k != "bytes"}
+        reasons = "; ".join(f"{n} {w}" for w, n in e["reasons"].items())
+        if op not in ops:
+            ops[op] = [entry]
+            e["written_as"] = "the op's pooled distribution: one class of bytes 0, drawn for every size"
+            done = "written as the op's pooled distribution (one class for every size)"
+        else:
+            done = "kept in metadata.unsized (the op's pooled distribution, not replayed per size)"
+        report.append(f"{e['calls']} {op} call(s) of unknown size: {done}: {reasons}" + (f" ({hint})" if hint else ""))
+    if out:
+        for op in list(ops):
+            ops[op] = sorted(ops[op], key=lambda c: c["bytes"])
     return out or None
 
 
@@ -319,6 +361,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="NICs per node of the target and the sources (default: one per GPU)",
     )
     g.add_argument(
+        "--source-ranks",
+        type=argtypes.integer(1, 1 << 20),
+        metavar="N",
+        help="the world size of the runs the logs and traces come from, where they do not say it (a log whose rank "
+        "lines list only some ranks); refused where a source says otherwise",
+    )
+    g.add_argument(
+        "--source-nodes",
+        type=argtypes.integer(1, 1 << 20),
+        metavar="M",
+        help="the nodes of the runs the logs and traces come from, where they do not say it",
+    )
+    g.add_argument(
+        "--strict",
+        action="store_true",
+        help="refuse an nccl-tests log whose validation failed (#wrong not 0, 'Out of bounds values : N FAILED'); "
+        "by default it is read with a warning naming the rows",
+    )
+    g.add_argument(
         "--trace-gpus-per-node",
         type=argtypes.integer(1, 1024),
         default=8,
@@ -352,4 +413,7 @@ def options_from(args: argparse.Namespace) -> Options:
         nodes=nodes,
         nics_per_node=getattr(args, "nics_per_node", None),
         trace_gpus_per_node=getattr(args, "trace_gpus_per_node", 8),
+        source_ranks=getattr(args, "source_ranks", None),
+        source_nodes=getattr(args, "source_nodes", None),
+        strict=bool(getattr(args, "strict", False)),
     )

@@ -70,6 +70,44 @@ def load_json(path: str) -> object:
         return json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise KinetoError(f"trace {path!r} is not JSON ({e})") from None
+    except RecursionError:
+        raise KinetoError(f"trace {path!r} nests its values too deep (not a profiler trace)") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise KinetoError(f"trace {path!r} is not JSON that delaycomm reads ({e})") from None
+
+
+MAX_DUR_US = 86400e6  # a day: a longer event is not a call (and beyond the profile's histogram)
+MAX_WORLD = 1 << 24
+
+
+def _where(path: str, i: int, e: dict) -> str:
+    return f"trace {path}: traceEvents[{i}] ({str(e.get('name'))[:60]!r})"
+
+
+def _check_event(path: str, i: int, e: dict) -> None:
+    """A call's event with a duration that is a time, or a KinetoError naming the event and the field."""
+    for key in ("ts", "dur"):
+        v = e.get(key)
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or v != v or abs(v) == math.inf:
+            raise KinetoError(f"{_where(path, i, e)}: {key} is {_shown(v)} (expected a finite number of us)")
+    if not 0 <= e["dur"] <= MAX_DUR_US:
+        raise KinetoError(f"{_where(path, i, e)}: dur is {_shown(e['dur'])} (expected 0 to {MAX_DUR_US:.4g} us, a day)")
+
+
+def _shown(v: object) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else f"{r[:36]}..."
+
+
+def _info_int(path: str, info: dict, key: str, low: int, high: int) -> int | None:
+    v = info.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not low <= v <= high:
+        raise KinetoError(
+            f"trace {path}: distributedInfo.{key} is {_shown(v)} (expected a whole number from {low} to {high})"
+        )
+    return v
 
 
 def _args(e: dict) -> dict:
@@ -84,9 +122,16 @@ def _get(a: dict, *names: str):
     return None
 
 
+class _BadValue(ValueError):
+    """A field of an event that no profiler writes (its message says which and what is accepted)."""
+
+
 def _tensor_bytes(dims, types) -> int | None:
     """Bytes of the tensors an op's ``Input Dims`` / ``Input type`` describe (TensorLists nest one level); None when
-    a type is not a tensor's or unknown."""
+    a type is not a tensor's or unknown.
+
+    Raises:
+        _BadValue: a dimension that is negative or not a whole number, or a tensor beyond 2^63 bytes."""
     if not isinstance(dims, list) or not isinstance(types, list) or len(dims) != len(types) or not dims:
         return None
     total = 0
@@ -94,16 +139,23 @@ def _tensor_bytes(dims, types) -> int | None:
         if not isinstance(t, str) or not isinstance(d, list):
             return None
         e = element_size(t)
-        if e is None or any(not isinstance(x, int) for x in d):
+        if e is None:
             return None
+        for x in d:
+            if not isinstance(x, int) or isinstance(x, bool) or x < 0:
+                raise _BadValue(f"args.Input Dims is {_shown(dims)} (expected sizes that are whole numbers >= 0)")
         total += e * math.prod(d)
+        if total > (1 << 63) - 1:
+            raise _BadValue(f"args.Input Dims is {_shown(dims)}: more than 2^63 bytes (expected a tensor's sizes)")
     return total
 
 
 def _nelems_bytes(a: dict) -> int | None:
     n = _get(a, "In msg nelems", "in_msg_nelems")
     dt = _get(a, "dtype", "Dtype")
-    if not isinstance(n, int) or n < 0 or not isinstance(dt, str):
+    if isinstance(n, bool) or (isinstance(n, (int, float)) and not (isinstance(n, int) and 0 <= n < 1 << 60)):
+        raise _BadValue(f"args.In msg nelems is {_shown(n)} (expected a whole number of elements >= 0)")
+    if not isinstance(n, int) or not isinstance(dt, str):
         return None
     e = element_size(dt)
     return None if e is None else n * e
@@ -119,7 +171,7 @@ class _Threads:
     def __init__(self, events: list[dict]):
         self.by: dict[tuple, list[dict]] = defaultdict(list)
         for e in events:
-            self.by[(e.get("pid"), e.get("tid"))].append(e)
+            self.by[(_key(e.get("pid")), _key(e.get("tid")))].append(e)
         self.starts: dict[tuple, list[float]] = {}
         for k, es in self.by.items():
             es.sort(key=lambda e: e["ts"])
@@ -146,68 +198,99 @@ def read_trace(path: str) -> Trace:
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     info = doc.get("distributedInfo") if isinstance(doc, dict) else None
     info = info if isinstance(info, dict) else {}
+    world = _info_int(path, info, "world_size", 1, MAX_WORLD)
     trace = Trace(
         path,
-        info.get("rank") if isinstance(info.get("rank"), int) else None,
-        info.get("world_size") if isinstance(info.get("world_size"), int) else None,
-        info.get("backend") if isinstance(info.get("backend"), str) else None,
-        nccl_version=info.get("nccl_version") if isinstance(info.get("nccl_version"), str) else None,
+        _info_int(path, info, "rank", 0, (world or MAX_WORLD) - 1),
+        world,
+        info.get("backend")[:40] if isinstance(info.get("backend"), str) else None,
+        nccl_version=info.get("nccl_version")[:40] if isinstance(info.get("nccl_version"), str) else None,
     )
+    try:
+        _calls(path, events, trace)
+    except _BadValue as e:
+        raise KinetoError(str(e)) from None
+    return trace
+
+
+def _calls(path: str, events: list, trace: Trace) -> None:
+    """The trace's calls into ``trace`` (module docstring)."""
     kernels, gloo, by_external, launches = [], [], {}, {}
     cpu_by_thread: dict[tuple, list[dict]] = defaultdict(list)
-    for e in events:
+    for i, e in enumerate(events):
         if not isinstance(e, dict) or e.get("ph") != "X" or not isinstance(e.get("name"), str):
             continue
         name, cat = e["name"], str(e.get("cat", "")).lower()
         if cat == "kernel":
             if name.startswith(("ncclKernel", "ncclDevKernel")):
-                kernels.append(e)
+                _check_event(path, i, e)
+                kernels.append((i, e))
         elif cat in _CPU_CATS:
-            cpu_by_thread[(e.get("pid"), e.get("tid"))].append(e)
+            if not _timed(e):
+                continue
+            cpu_by_thread[(_key(e.get("pid")), _key(e.get("tid")))].append(e)
             if name.startswith("gloo:"):
-                gloo.append(e)
+                _check_event(path, i, e)
+                gloo.append((i, e))
             elif name == "record_param_comms":
                 ext = _get(_args(e), "External id", "external id")
                 if ext is not None:
-                    by_external[ext] = e
+                    by_external[_key(ext)] = e
         elif cat in _LAUNCH_CATS:
             c = _get(_args(e), "correlation")
-            if c is not None:
-                launches[c] = e
+            if c is not None and _timed(e):
+                launches[_key(c)] = e
     # Older traces: the CPU events of the threads that launched kernels which do not carry their size.
     wanted = {
-        (launch.get("pid"), launch.get("tid"))
-        for k in kernels
+        (_key(launch.get("pid")), _key(launch.get("tid")))
+        for _, k in kernels
         if not isinstance(_get(_args(k), "Collective name"), str)
-        and (launch := launches.get(_get(_args(k), "correlation"))) is not None
+        and (launch := launches.get(_key(_get(_args(k), "correlation")))) is not None
     }
-    threads = _Threads([e for key in wanted for e in cpu_by_thread[key] if _timed(e)])
-    for e in kernels:
-        if not _timed(e):
-            continue
-        call = _kernel_call(e, by_external, launches, threads)
+    threads = _Threads([e for key in wanted for e in cpu_by_thread[key]])
+    for i, e in kernels:
+        try:
+            call = _kernel_call(e, by_external, launches, threads)
+        except _BadValue as bad:
+            raise _BadValue(f"{_where(path, i, e)} or the CPU op that launched it: {bad}") from None
         if call is None:
-            key = str(e["name"]).split("(")[0]
+            key = str(e["name"]).split("(")[0][:120]
             trace.unattributed[key] = trace.unattributed.get(key, 0) + 1
         else:
             trace.calls.append(call)
-    for e in gloo:
-        if not _timed(e):
-            continue
+    for i, e in gloo:
         op = op_of_trace_name(e["name"])
         if op is None:
-            trace.unattributed[e["name"]] = trace.unattributed.get(e["name"], 0) + 1
+            key = e["name"][:120]
+            trace.unattributed[key] = trace.unattributed.get(key, 0) + 1
             continue
         a = _args(e)
-        nbytes = 0 if op == "barrier" else _tensor_bytes(a.get("Input Dims"), a.get("Input type"))
-        why = None if nbytes is not None else "the event has no tensor Input Dims/Input type"
+        try:
+            nbytes = 0 if op == "barrier" else _tensor_bytes(a.get("Input Dims"), a.get("Input type"))
+        except _BadValue as bad:
+            raise _BadValue(f"{_where(path, i, e)}: {bad}") from None
+        why = None if nbytes is not None else f"the {e['name'][:60]} event has no tensor Input Dims/Input type"
         trace.calls.append(Call(op, nbytes, float(e["dur"]) * 1e3, None, "gloo event", why))
-    return trace
+
+
+def _key(v: object) -> object:
+    """A value as a dict key: a pid, tid, External id or correlation a trace wrote as a list is its text."""
+    try:
+        hash(v)
+    except TypeError:
+        return repr(v)
+    return v
 
 
 def _timed(e: dict) -> bool:
     ts, dur = e.get("ts"), e.get("dur")
-    return isinstance(ts, (int, float)) and isinstance(dur, (int, float)) and dur >= 0
+    return (
+        isinstance(ts, (int, float))
+        and isinstance(dur, (int, float))
+        and math.isfinite(ts)
+        and math.isfinite(dur)
+        and 0 <= dur <= MAX_DUR_US
+    )
 
 
 def _kernel_call(k: dict, by_external: dict, launches: dict, threads: _Threads) -> Call | None:
@@ -216,7 +299,7 @@ def _kernel_call(k: dict, by_external: dict, launches: dict, threads: _Threads) 
     dur = float(k["dur"]) * 1e3
     kernel_op = op_of_trace_name(str(k.get("name", "")))
     group = _get(a, "Group size")
-    group = group if isinstance(group, int) and group > 0 else None
+    group = group if isinstance(group, int) and not isinstance(group, bool) and 0 < group <= MAX_WORLD else None
     name = _get(a, "Collective name")
     if isinstance(name, str) and op_of_trace_name(name):
         nbytes = _nelems_bytes(a)
@@ -232,12 +315,12 @@ def _kernel_call(k: dict, by_external: dict, launches: dict, threads: _Threads) 
         )
     # The CPU op that launched it: record_param_comms by External id, else the ops around the launch.
     candidates = []
-    ext = _get(a, "External id", "external id")
+    ext = _key(_get(a, "External id", "external id"))
     if ext in by_external:
         candidates.append(by_external[ext])
-    launch = launches.get(_get(a, "correlation"))
+    launch = launches.get(_key(_get(a, "correlation")))
     if launch is not None:
-        candidates.extend(threads.around(launch.get("pid"), launch.get("tid"), launch["ts"]))
+        candidates.extend(threads.around(_key(launch.get("pid")), _key(launch.get("tid")), launch["ts"]))
     for c in candidates:
         ca = _args(c)
         cname = str(c.get("name", ""))
@@ -250,7 +333,7 @@ def _kernel_call(k: dict, by_external: dict, launches: dict, threads: _Threads) 
                     op,
                     nbytes,
                     dur,
-                    g if isinstance(g, int) and g > 0 else group,
+                    g if isinstance(g, int) and not isinstance(g, bool) and 0 < g <= MAX_WORLD else group,
                     "record_param_comms",
                     None if nbytes is not None else "record_param_comms has no In msg nelems/dtype",
                 )

@@ -54,6 +54,14 @@ class Table:
     elided: bool = False
     validation: str | None = None  # the footer's "Out of bounds values" verdict
     from_json: bool = False  # read from nccl-tests' -J JSON (Row.line is the index in its results)
+    runs: int = 1  # the runs whose output interleaves into this table (two mpiruns on one stdout)
+    headers: int = 1  # the column headers of those runs read into it
+    footers: int = 0  # their "Avg bus bandwidth" footers
+    failed_lines: list[int] = field(default_factory=list)  # the "Out of bounds values : N FAILED" lines
+    ranks_listed: list[int] | None = None  # rank lines that did not list every rank: the ranks they listed
+    row_count: int = 0  # the rows read (kept when the rows themselves are dropped after use)
+    nodes_given: int | None = None  # --source-nodes
+    layouts: dict = field(default_factory=dict, repr=False)  # the reader's layout per row width (nccl_text)
     # Resolved by resolve():
     collective: Collective | None = None
     collective_by: str | None = None
@@ -66,8 +74,10 @@ class Table:
 
     @property
     def nodes(self) -> int | None:
-        """The nodes the run spanned, when its rank lines list every rank."""
-        return len(self.hosts) if self.ranks and not self.ranks_cut else None
+        """The nodes the run spanned, when its rank lines list every rank (else as --source-nodes gives them)."""
+        if self.ranks and not self.ranks_cut and self.ranks_listed is None:
+            return len(self.hosts)
+        return self.nodes_given
 
     @property
     def where(self) -> str:

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import json
 import statistics
+from collections.abc import Iterable, Iterator
 
-from delaycomm.sources.files import read_bytes
+from delaycomm.sources.files import iter_lines, read_bytes, read_head
 from delaycomm.sources.nccl_json import looks_like_json, tables_from_json
 from delaycomm.sources.nccl_tables import NcclTestsError, Row, Table, Timing
-from delaycomm.sources.nccl_text import looks_like, parse
+from delaycomm.sources.nccl_text import iter_parse, looks_like, parse
 from delaycomm.sources.ops import COLLECTIVES, OP_NAMES_HELP, Collective, collective, element_size
 
 __all__ = [
@@ -32,6 +33,8 @@ __all__ = [
     "looks_like",
     "looks_like_json",
     "read_tables",
+    "iter_tables",
+    "failed_rows",
     "parse",
     "infer_collective",
 ]
@@ -45,36 +48,88 @@ def read_text(path: str) -> str:
     return read_bytes(path, "nccl-tests log", NcclTestsError).decode("utf-8", errors="replace")
 
 
-def read_tables(path: str, op: str | None = None) -> list[Table]:
-    """The tables of the log at ``path`` (stdout, or the JSON of nccl-tests' ``-J``), each with its collective and
-    world size resolved.
+def _is_json(path: str) -> bool:
+    head = read_head(path, "nccl-tests log", NcclTestsError, 4096).decode("utf-8", errors="replace")
+    return head.lstrip("\ufeff \t\r\n").startswith("{")
+
+
+def _load_json(path: str) -> object:
+    data = read_bytes(path, "nccl-tests JSON", NcclTestsError)
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as e:
+        raise NcclTestsError(f"nccl-tests JSON {path!r} is not JSON ({e})") from None
+    except UnicodeDecodeError as e:
+        raise NcclTestsError(f"nccl-tests JSON {path!r} is not UTF-8 text (byte {e.start})") from None
+    except RecursionError:
+        raise NcclTestsError(
+            f"nccl-tests JSON {path!r} nests its values too deep (not nccl-tests' -J output)"
+        ) from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise NcclTestsError(f"nccl-tests JSON {path!r} is not JSON that delaycomm reads ({e})") from None
+
+
+def iter_tables(
+    path: str, op: str | None = None, source_ranks: int | None = None, source_nodes: int | None = None
+) -> Iterator[Table]:
+    """The tables of the log at ``path`` (stdout, or the JSON of nccl-tests' ``-J``), one by one as they are read,
+    each with its collective and world size resolved.
 
     Args:
         path: the log (plain or gzip).
         op: the collective of tables the log does not name and that cannot be told apart (``--op``).
+        source_ranks: the world size of runs whose log does not say it (``--source-ranks``).
+        source_nodes: the nodes of runs whose log does not say them (``--source-nodes``).
 
     Raises:
         NcclTestsError: the file cannot be read, holds no table, or a table cannot be read or resolved.
     """
-    text = read_text(path)
-    doc = None
-    if text.lstrip().startswith("{"):
-        try:
-            doc = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise NcclTestsError(f"nccl-tests JSON {path!r} is not JSON ({e})") from None
-    tables = tables_from_json(doc, path) if doc is not None else parse(text, path)
-    if not tables:
+    forced = collective(op) if op else None
+    if op and forced is None:
+        raise NcclTestsError(f"--op {op!r} names no collective; expected {OP_NAMES_HELP}")
+    if _is_json(path):
+        tables: Iterable[Table] = tables_from_json(_load_json(path), path)
+    else:
+        tables = iter_parse(iter_lines(path, "nccl-tests log", NcclTestsError), path)
+    n = 0
+    for t in tables:
+        resolve(t, forced, source_ranks, source_nodes)
+        n += 1
+        yield t
+    if not n:
         raise NcclTestsError(
             f"nccl-tests log {path!r} holds no table (expected a column header 'size count type ... time algbw "
             "busbw' and rows below it, or a JSON results list)"
         )
-    forced = collective(op) if op else None
-    if op and forced is None:
-        raise NcclTestsError(f"--op {op!r} names no collective; expected {OP_NAMES_HELP}")
-    for t in tables:
-        resolve(t, forced)
-    return tables
+
+
+def read_tables(
+    path: str, op: str | None = None, source_ranks: int | None = None, source_nodes: int | None = None
+) -> list[Table]:
+    """Every table of the log at ``path`` (:func:`iter_tables`), rows kept."""
+    return list(iter_tables(path, op, source_ranks, source_nodes))
+
+
+def failed_rows(t: Table) -> list[str]:
+    """Where a table says its results were wrong: rows whose ``#wrong`` is not 0 (nor N/A), and the lines of
+    ``Out of bounds values : N FAILED`` footers."""
+    out = []
+    for r in t.rows:
+        for place, tm in r.timings.items():
+            w = (tm.wrong or "").strip()
+            if w and w.upper() != "N/A" and not _zero(w):
+                out.append(f"{t.at(r)} ({place} #wrong {w})")
+    out.extend(f"{t.path}:{line} (Out of bounds values: FAILED)" for line in t.failed_lines)
+    return out
+
+
+def _zero(w: str) -> bool:
+    """A #wrong of 0; old nccl-tests print the max error there (2e-07, 1e+00), a float tolerance, not a count."""
+    try:
+        x = float(w)
+    except ValueError:
+        return False
+    return x == 0 or (("e" in w.lower() or "." in w) and x < 1e-2)
 
 
 def _elsize(t: Table) -> int | None:
@@ -136,13 +191,21 @@ def infer_collective(t: Table, ranks: int | None) -> list[Collective]:
     return out
 
 
-def resolve(t: Table, forced: Collective | None) -> None:
-    """Sets the table's collective and world size, or raises :class:`NcclTestsError` naming what is missing."""
+def resolve(
+    t: Table, forced: Collective | None, source_ranks: int | None = None, source_nodes: int | None = None
+) -> None:
+    """Sets the table's collective and world size, or raises :class:`NcclTestsError` naming what is missing.
+
+    Rank lines that list only some ranks (a log that kept the lines of ranks 7 and 15) do not say the world size:
+    it comes from the numbers (busbw / algbw) or ``source_ranks``, and must hold every rank listed."""
     ranks = len(t.ranks) if t.ranks and not t.ranks_cut else None
     if ranks and sorted(t.ranks) != list(range(len(t.ranks))):
+        t.ranks_listed, ranks = sorted(t.ranks), None
+    if source_ranks is not None and ranks is not None and ranks != source_ranks:
         raise NcclTestsError(
-            f"nccl-tests log {t.where}: the rank lines list ranks {sorted(t.ranks)} (expected 0..{len(t.ranks) - 1})"
+            f"nccl-tests log {t.where}: --source-ranks {source_ranks} but its rank lines list {ranks} ranks"
         )
+    ranks = ranks or source_ranks
     allowed = infer_collective(t, ranks)
     if t.named is not None:
         c = COLLECTIVES[t.named]
@@ -171,6 +234,19 @@ def resolve(t: Table, forced: Collective | None) -> None:
             f"{' or '.join(a.name for a in allowed) or 'none delaycomm knows'}: give --op NAME ({OP_NAMES_HELP})"
         )
     _resolve_world(t, ranks)
+    if ranks is not None and not (t.ranks and not t.ranks_cut and t.ranks_listed is None):
+        t.world_size_by = "--source-ranks"
+    if t.ranks_listed and t.world_size is not None and t.ranks_listed[-1] >= t.world_size:
+        raise NcclTestsError(
+            f"nccl-tests log {t.where}: the rank lines list rank {t.ranks_listed[-1]} but the world size is "
+            f"{t.world_size} ({t.world_size_by})"
+        )
+    if source_nodes is not None:
+        if t.nodes is not None and t.nodes != source_nodes:
+            raise NcclTestsError(
+                f"nccl-tests log {t.where}: --source-nodes {source_nodes} but its rank lines name {t.nodes} hosts"
+            )
+        t.nodes_given = source_nodes
     _check_rows(t)
 
 

@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Iterator
 
 from delaycomm.sources.nccl_tables import NcclTestsError, Row, Table, Timing
 from delaycomm.sources.ops import OP_NAMES_HELP, collective
 
-__all__ = ["looks_like", "parse"]
+__all__ = ["looks_like", "parse", "iter_parse", "MAX_WHOLE", "MAX_TIME_US"]
 
 
 # A launcher's prefix on a line: Open MPI's --tag-output "[1,0]<stdout>:", srun -l's "0: ", a markdown quote "> ",
-# kubectl logs --timestamps' "2024-05-01T12:00:00.123456789Z ".
+# kubectl logs --timestamps' "2024-05-01T12:00:00.123456789Z ", pdsh's "node-01: " and a "[node-01] " tag (a host
+# name: no blank inside, so a shell prompt "[root@host dir]# " is not one).
 _PREFIX = re.compile(
-    r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s)"
+    r"^(?:\[\d+,\d+\]<\w+>:|\s*\d+:\s|\s*>\s?|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?\s"
+    r"|[A-Za-z][\w.\-]{0,63}:\s|\[[\w.\-]{1,64}\]\s)"
 )
 _RANK = re.compile(r"\bRank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+(\d+)\s+on\s+(\S+)\s+device\s+\d+")
 _STARTING = re.compile(r"Collective test (starting|concluded):\s*(\S+)")
@@ -24,6 +27,12 @@ _PARAMS = re.compile(r"nThread\s+(\d+)\s+nGpus\s+(\d+)\s+minBytes\s+(\d+)\s+maxB
 _ITERS = re.compile(r"(warmup iters|agg iters|iters):\s*(\d+)")
 _VERSION = re.compile(r"\b(nccl-tests|rccl-tests|NCCL|RCCL)\s+version\s*:?\s*(\S+)")
 _INT = re.compile(r"\d+")
+_ROOT = re.compile(r"-?\d{1,10}")
+_PER_ITER = ("i_min", "i_max", "i_p99", "i_cv")
+_INF = float("inf")
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?")
+MAX_WHOLE = (1 << 63) - 1  # size and count: nccl-tests prints size_t
+MAX_TIME_US = 86400e6  # a day: a time beyond it is not a collective's (and beyond the profile's histogram)
 
 # Header labels, as the versions of nccl-tests print them, to one name.
 _LABELS = {
@@ -94,17 +103,28 @@ class _Parser:
         self.closed: Table | None = None  # the last table, closed by its footer
         self.names: dict[str, tuple[str, int]] = {}  # collective names seen since the last table
         self.starting: tuple[str, int] | None = None
-        self.ranks: dict[int, tuple[str, int]] = {}
+        # The rank lines of the runs since the last table: one run, or several whose output interleaves (two
+        # mpiruns on one stdout); a rank goes to the first run that does not list it yet.
+        self.runs: list[dict[int, tuple[str, int]]] = [{}]
+        self.run_params = 0  # the runs whose "nThread ..." line was seen since the last table
+        self.twice: tuple[int, int, tuple[str, int], tuple[str, int]] | None = None  # (line, rank, first, second)
         self.params: dict[str, int] = {}
         self.versions: dict[str, str] = {}
         self.placements: list[str] | None = None
         self.ranks_cut = False
+        self.run_start = 0  # the line of the current run's first line
+        self.other_starts: list[tuple[str, int]] = []  # "Collective test starting" of runs interleaved with it
 
     def fail(self, lineno: int, why: str) -> None:
         raise NcclTestsError(f"nccl-tests log {self.path}:{lineno}: {why}")
 
+    @property
+    def ranks(self) -> dict[int, tuple[str, int]]:
+        return self.runs[-1]
+
     def new_run(self) -> None:
-        self.ranks, self.params, self.placements, self.ranks_cut = {}, {}, None, False
+        self.runs, self.params, self.placements, self.ranks_cut = [{}], {}, None, False
+        self.run_params, self.twice, self.other_starts = 0, None, []
 
     def feed(self, lineno: int, raw: str) -> None:
         line = _strip(raw)
@@ -116,6 +136,9 @@ class _Parser:
             self.open_table(lineno, header)
             self.table.header_text = " ".join(text.split())
             return
+        if self.table is None and self.closed is not None and self.closed.footers < self.closed.runs:
+            if self.row_like(text) and not line.lstrip().startswith("#"):
+                self.table = self.closed  # interleaved runs: another run's rows after one run's footer
         if self.table is not None and self.row_like(text):
             if line.lstrip().startswith("#"):
                 return  # a commented-out row is not data
@@ -127,8 +150,9 @@ class _Parser:
         self.preamble(lineno, line, text)
 
     def row_like(self, text: str) -> bool:
+        """A row, or a line a row's numbers were written into wrong (``8192.0``, ``-8192``: refused, not skipped)."""
         tokens = text.split()
-        return len(tokens) >= 5 and bool(_INT.fullmatch(tokens[0])) and bool(_INT.fullmatch(tokens[1]))
+        return len(tokens) >= 5 and bool(_NUMBER.fullmatch(tokens[0])) and bool(_NUMBER.fullmatch(tokens[1]))
 
     def preamble(self, lineno: int, line: str, text: str) -> None:
         """A line that is not a header or a row: the run's description, a footer, or text to skip."""
@@ -136,15 +160,24 @@ class _Parser:
         if m:
             self.close()
             if m.group(1) == "starting":
+                if self.starting is not None:  # a second run starts before the first printed a table: interleaved
+                    self.other_starts.append((m.group(2), lineno))
+                    return
                 self.new_run()
                 self.names = {}
                 self.starting = (m.group(2), lineno)
             return
         if text.startswith("Out of bounds values"):
-            if self.table is not None:
-                self.table.validation = text.split(":", 1)[-1].strip()
+            t = self.table or self.closed
+            if t is not None:
+                verdict = text.split(":", 1)[-1].strip()
+                t.validation = verdict if t.validation in (None, verdict) else f"{t.validation}; {verdict}"
+                if "FAILED" in verdict.upper():
+                    t.failed_lines.append(lineno)
             return
         if text.startswith("Avg bus bandwidth"):
+            if self.table is not None:
+                self.table.footers += 1
             self.close()
             return
         if text == "..." or text == "…":
@@ -156,22 +189,30 @@ class _Parser:
         m = _PARAMS.search(text)
         if m:
             self.close()
-            if self.ranks:  # a second run without a "starting" line
+            if self.tables and self.tables[-1].line > self.run_start:  # a table since the last run: a new run
                 self.new_run()
+            elif self.run_params:  # a second run before any table: runs whose output interleaves
+                self.runs.append({})
+            self.run_params += 1
+            self.run_start = lineno
             self.params = {"nthreads": int(m.group(1)), "ngpus": int(m.group(2))}
             self.params.update({k.replace(" ", "_"): int(v) for k, v in _ITERS.findall(text)})
             return
         m = _RANK.search(text)
         if m:
             rank, pid, host = int(m.group(1)), int(m.group(2)), m.group(3)
-            seen = self.ranks.get(rank)
-            if seen is not None and seen != (host, pid):
-                self.fail(
-                    lineno,
-                    f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
-                    "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
-                )
-            self.ranks[rank] = (host, pid)
+            if self.tables and self.tables[-1].line > self.run_start:
+                self.new_run()  # a run's rank lines with no "nThread" line before them
+                self.run_start = lineno
+            for run in self.runs:
+                seen = run.get(rank)
+                if seen is None or seen == (host, pid):
+                    run[rank] = (host, pid)
+                    break
+            else:
+                first = self.runs[0][rank]
+                self.twice = self.twice or (lineno, rank, first, (host, pid))
+                self.runs.append({rank: (host, pid)})
             return
         for name, version in _VERSION.findall(text):
             self.versions[name] = version
@@ -190,8 +231,25 @@ class _Parser:
                     self.names.setdefault(c.name, (text.strip()[:80], lineno))
 
     def open_table(self, lineno: int, header: list[str]) -> None:
+        last = self.table or self.closed
+        if (
+            last is not None
+            and last.header == header
+            and last.headers < last.runs
+            and (not last.rows or self.table is None)
+        ):
+            last.headers += 1  # another interleaved run's header: its rows go to the same table
+            self.table = last
+            return
         self.close()
-        t = Table(self.path, lineno, header, ranks=dict(self.ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
+        runs = [r for r in self.runs if r]
+        ranks = runs[0] if runs else {}
+        if len(runs) > 1:
+            ranks = self.interleaved(runs)
+        t = Table(self.path, lineno, header, ranks=dict(ranks), params=dict(self.params), ranks_cut=self.ranks_cut)
+        t.runs = max(1, len(runs), self.run_params, 1 + len(self.other_starts))
+        if t.runs > 1:
+            self.same_test(lineno)
         t.versions = dict(self.versions)
         if self.starting is not None:
             c = collective(self.starting[0])
@@ -211,6 +269,42 @@ class _Parser:
         self.starting = None
         self.names = {}
 
+    def same_test(self, lineno: int) -> None:
+        """Runs whose output interleaves into one table must be of one test: rows do not say whose they are."""
+        named = [(n, at) for n, at in ([self.starting] if self.starting else []) + self.other_starts]
+        named += [(n, at) for n, (_, at) in self.names.items()]
+        tests = {(c.name if (c := collective(n)) else n) for n, _ in named}
+        if len(tests) > 1:
+            shown = ", ".join(f"{n} (line {at})" for n, at in named)
+            self.fail(
+                lineno,
+                f"the output of {len(tests)} different tests interleaves here ({shown}): their rows cannot be told "
+                "apart; split the log by run (each mpirun's output to its own file)",
+            )
+
+    def interleaved(self, runs: list[dict[int, tuple[str, int]]]) -> dict[int, tuple[str, int]]:
+        """The rank lines of one of several runs whose output interleaves: the run that lists ranks 0..n-1, where
+        the others list some of them (a run's lines may still come after another's table began)."""
+        if all(len(r) == 1 for r in runs) and self.twice is not None:
+            line, rank, seen, (host, pid) = self.twice
+            self.fail(
+                line,
+                f"rank {rank} is listed twice ({seen[0]} pid {seen[1]}, {host} pid {pid}): these processes each "
+                "ran nccl-tests alone (nccl-tests built without MPI?): no collective of many ranks",
+            )
+        full = max(runs, key=len)
+        if sorted(full) == list(range(len(full))) and all(r.keys() <= full.keys() for r in runs):
+            return full
+        if any(sorted(r) != sorted(runs[0]) for r in runs):
+            shown = "; ".join(str(sorted(r)) for r in runs)
+            where = self.twice[0] if self.twice else self.run_start
+            self.fail(
+                where,
+                f"the rank lines are those of {len(runs)} runs whose output interleaves, but they list different "
+                f"ranks ({shown}): give --source-ranks N (and --source-nodes M) or split the log by run",
+            )
+        return runs[0]
+
     def groups(self, lineno: int, header: list[str]) -> list[tuple[str, dict[str, int]]]:
         """The placement groups of a header: (name, {column: index}), out-of-place first."""
         starts = [i for i, h in enumerate(header) if h == "time"]
@@ -229,7 +323,9 @@ class _Parser:
 
     def parse_row(self, lineno: int, text: str, t: Table) -> Row:
         tokens = text.split()
-        layout = _layout(t, len(tokens))
+        layout = t.layouts.get(len(tokens), False)
+        if layout is False:
+            layout = t.layouts[len(tokens)] = _layout(t, len(tokens))
         if layout is None:
             self.fail(
                 lineno,
@@ -237,50 +333,58 @@ class _Parser:
                 f"({t.header_text})",
             )
         index, groups = layout
-
-        def integer(name: str) -> int:
-            v = tokens[index[name]]
-            if not _INT.fullmatch(v):
-                self.fail(lineno, f"column {name!r} is {v!r} (expected a whole number)")
-            return int(v)
-
-        def number(i: int, name: str, required: bool) -> float | None:
-            v = tokens[i]
-            if v.upper() == "N/A" and not required:
-                return None
-            try:
-                x = float(v)
-            except ValueError:
-                self.fail(lineno, f"column {name!r} is {v!r} (expected a number{'' if required else ' or N/A'})")
-            if x != x or x < 0 or x == float("inf"):
-                self.fail(lineno, f"column {name!r} is {v!r} (expected a finite number >= 0)")
-            return x
-
         redop = None
         if "redop" in index:
             redop = "" if index["redop"] < 0 else tokens[index["redop"]]
         root = None
         if "root" in index:
             v = tokens[index["root"]]
-            if not re.fullmatch(r"-?\d+", v):
-                self.fail(lineno, f"column 'root' is {v!r} (expected a whole number)")
+            if not _ROOT.fullmatch(v):
+                self.fail(lineno, f"column 'root' is {v[:24]!r} (expected a whole number, -1 for none)")
             root = int(v)
         timings = {}
         for name, cols in groups:
             if cols["time"] >= len(tokens):
                 continue
-            tm = number(cols["time"], f"{name} time", True)
-            per_iter = {
-                k: number(cols[k], f"{name} {k}", False) for k in ("i_min", "i_max", "i_p99", "i_cv") if k in cols
-            }
+            tm = self.number(lineno, tokens, cols, name, "time", True)
+            per_iter = None
+            if len(cols) > 4:
+                per_iter = {k: self.number(lineno, tokens, cols, name, k, False) for k in _PER_ITER if k in cols}
+                per_iter = {k: v for k, v in per_iter.items() if v is not None} or None
             timings[name] = Timing(
-                tm,
-                number(cols["algbw"], f"{name} algbw", False),
-                number(cols["busbw"], f"{name} busbw", False),
+                tm,  # type: ignore[arg-type]  # required: never None
+                self.number(lineno, tokens, cols, name, "algbw", False),
+                self.number(lineno, tokens, cols, name, "busbw", False),
                 tokens[cols["wrong"]] if "wrong" in cols else None,
-                {k: v for k, v in per_iter.items() if v is not None} or None,
+                per_iter,
             )
-        return Row(lineno, integer("size"), integer("count"), tokens[index["type"]], redop, root, timings)
+        size, count = self.integer(lineno, tokens, index, "size"), self.integer(lineno, tokens, index, "count")
+        return Row(lineno, size, count, tokens[index["type"]], redop, root, timings)
+
+    def integer(self, lineno: int, tokens: list[str], index: dict[str, int], name: str) -> int:
+        v = tokens[index[name]]
+        if not _INT.fullmatch(v) or len(v) > 19 or int(v) > MAX_WHOLE:
+            shown = v if len(v) <= 24 else f"{v[:20]}... ({len(v)} characters)"
+            self.fail(lineno, f"column {name!r} is {shown!r} (expected a whole number from 0 to 2^63-1)")
+        return int(v)
+
+    def number(
+        self, lineno: int, tokens: list[str], cols: dict[str, int], group: str, column: str, required: bool
+    ) -> float | None:
+        v = tokens[cols[column]]
+        try:
+            x = float(v)
+        except ValueError:
+            if not required and v.upper() == "N/A":
+                return None
+            self.fail(
+                lineno, f"column '{group} {column}' is {v[:24]!r} (expected a number{'' if required else ' or N/A'})"
+            )
+        if not 0.0 <= x < _INF:  # NaN, negative, infinite
+            self.fail(lineno, f"column '{group} {column}' is {v[:24]!r} (expected a finite number >= 0)")
+        if x > MAX_TIME_US and (column == "time" or column.startswith("i_")):
+            self.fail(lineno, f"column '{group} {column}' is {v[:24]!r} (expected at most {MAX_TIME_US:.4g} us, a day)")
+        return x
 
     def close(self) -> None:
         if self.table is not None:
@@ -310,10 +414,27 @@ def _layout(t: Table, nfields: int) -> tuple[dict[str, int], list[tuple[str, dic
     return None
 
 
+def iter_parse(lines: Iterable[str], path: str) -> Iterator[Table]:
+    """The tables of a log's lines, one by one as each is complete (its rows read, and no later line can add to
+    it), collectives as named (unresolved: see :func:`resolve`)."""
+    p = _Parser(path)
+    done = 0  # the tables handed on
+    for lineno, raw in enumerate(lines, start=1):
+        p.feed(lineno, raw)
+        # every table before the one being read (or the last closed one, which interleaved rows may still reach)
+        last = len(p.tables) - 1
+        while done < last:
+            t = p.tables[done]
+            p.tables[done] = None  # type: ignore[call-overload]  # handed on: not held here
+            done += 1
+            if t.rows:
+                yield t
+    p.close()
+    for t in p.tables[done:]:
+        if t is not None and t.rows:
+            yield t
+
+
 def parse(text: str, path: str) -> list[Table]:
     """The tables of a log's text, collectives as named (unresolved: see :func:`resolve`)."""
-    p = _Parser(path)
-    for lineno, raw in enumerate(text.splitlines(), start=1):
-        p.feed(lineno, raw)
-    p.close()
-    return [t for t in p.tables if t.rows]
+    return list(iter_parse(text.splitlines(), path))

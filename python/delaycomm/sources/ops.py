@@ -161,6 +161,8 @@ _TRACE_OPS: dict[str, str] = {
     "all_gather": "allgather",
     "allgather": "allgather",
     "_allgather_base": "_allgather_base",
+    "_all_gather_base": "_allgather_base",
+    "all_gather_base": "_allgather_base",
     "all_gather_into_tensor": "_allgather_base",
     "allgather_coalesced": "allgather_coalesced",
     "allgather_into_tensor_coalesced": "allgather_into_tensor_coalesced",
@@ -177,6 +179,13 @@ _TRACE_OPS: dict[str, str] = {
     "send": "send",
     "recv": "recv",
     "recv_anysource": "recv_anysource",
+    "recvanysource": "recv_anysource",
+    "sparse_all_reduce": "allreduce",
+    "sparse_allreduce": "allreduce",
+    "all_reduce_sparse": "allreduce",
+    "_reduce_scatter_tensor_coalesced": "reduce_scatter_tensor_coalesced",
+    "all_gather_coalesced": "allgather_coalesced",
+    "alltoallv": "alltoall_base",
     "gather": "gather",
     "scatter": "scatter",
     "barrier": "barrier",
@@ -193,6 +202,9 @@ _KERNEL_OPS = {
 }
 
 
+_P2P = re.compile(r"(send|recv)\s+-?\d+\s*(?:->|<-)\s*-?\d+")
+
+
 def op_of_trace_name(name: str) -> str | None:
     """The delaycomm op for a trace's name of a call: ``nccl:all_reduce``, ``gloo:broadcast``, a record_param_comms
     ``Collective name`` (``allreduce``, ``_allgather_base``) or an NCCL kernel (``ncclDevKernel_AllGather_RING_LL``);
@@ -200,11 +212,16 @@ def op_of_trace_name(name: str) -> str | None:
     m = re.match(r"nccl(?:Dev)?Kernel_([A-Za-z]+?)(?:_|\(|$)", name)
     if m:
         return _KERNEL_OPS.get(m.group(1))
-    for prefix in ("nccl:", "gloo:", "ucc:", "mpi:"):
+    for prefix in ("nccl:", "gloo:", "ucc:", "mpi:", "xccl:"):
         if name.startswith(prefix):
             name = name[len(prefix) :]
             break
-    return _TRACE_OPS.get(name.strip())
+    # ProcessGroupNCCL's point-to-point titles name the peers: "nccl:send 0->1", "nccl:recv 1<-0"
+    m = _P2P.fullmatch(name.strip())
+    if m:
+        return m.group(1)
+    key = name.strip()
+    return _TRACE_OPS.get(key) or _TRACE_OPS.get(key.lower())
 
 
 # Element sizes by the names nccl-tests prints (its test_typenames), c10's ScalarType names (record_param_comms'

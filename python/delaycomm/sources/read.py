@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,12 +13,13 @@ import numpy as np
 
 from delaycomm import costmodel
 from delaycomm.sources import kineto, nccl_tests
-from delaycomm.sources.histogram import Spread, spread_samples
+from delaycomm.sources.histogram import Pool, Spread
 from delaycomm.sources.ops import collective_of_op, element_size
 
 __all__ = ["SourceError", "Options", "Source", "DEFAULT_TAIL", "kind_of", "read_source", "row_class_bytes"]
 
 DEFAULT_TAIL = 1.25  # p99/p50 of the spread of a mean (docs/profile.md, "Where production latency comes from")
+MAX_OBSERVATIONS = 64  # the cost model's measurements kept per (collective, size, scale) of a source
 _SNAP = 1e-3  # nccl-tests rounds counts down to whole elements per rank: a size this close under 2^k is 2^k
 
 
@@ -36,6 +38,9 @@ class Options:
     nodes: int | None = None
     nics_per_node: int | None = None
     trace_gpus_per_node: int = 8  # the GPUs per node of the jobs that wrote the traces
+    source_ranks: int | None = None  # --source-ranks/--source-nodes: the sources' scale, where they do not say it
+    source_nodes: int | None = None
+    strict: bool = False  # --strict: a log whose validation failed is refused, not warned about
 
 
 @dataclass
@@ -46,12 +51,15 @@ class Source:
     kind: str
     world_size: int | None
     nodes: int | None
-    samples: dict[tuple[str, int], list[np.ndarray]] = field(default_factory=dict)
+    samples: dict[tuple[str, int], list[Pool]] = field(default_factory=dict)  # the parts of each (op, bytes)
     unsized: dict[str, list[float]] = field(default_factory=dict)
     unsized_why: dict[str, dict[str, int]] = field(default_factory=dict)
     observations: list[costmodel.Observation] = field(default_factory=list)
     info: dict[str, Any] = field(default_factory=dict)
     backends: set[str] = field(default_factory=set)
+    warnings: list[str] = field(default_factory=list)  # said on stderr (a validation that failed)
+    _pools: dict[tuple[tuple[str, ...], int], Pool] = field(default_factory=dict, repr=False)
+    _observed: dict[tuple, int] = field(default_factory=dict, repr=False)
 
     @property
     def topology(self) -> costmodel.Topology | None:
@@ -62,35 +70,109 @@ class Source:
         except costmodel.ModelError:
             return None
 
+    def pool(self, ops: tuple[str, ...], nbytes: int) -> Pool:
+        """The pool the rows of ``ops`` (a collective's ops, which share its rows) of ``nbytes`` go into."""
+        key = (ops, int(nbytes))
+        p = self._pools.get(key)
+        if p is None:
+            p = self._pools[key] = Pool()
+            for op in ops:
+                self.samples.setdefault((op, int(nbytes)), []).append(p)
+        return p
+
+    def observe(self, o: costmodel.Observation) -> None:
+        """A measurement for the cost model: the first :data:`MAX_OBSERVATIONS` of each (collective, size, scale)
+        are kept (a sweep appended thousands of times adds no more to the fit, and its memory stays bounded); how
+        many more were seen is in ``info["observations_not_kept"]``."""
+        key = (o.collective, o.size, o.topology.ranks, o.topology.nodes)
+        n = self._observed.get(key, 0)
+        self._observed[key] = n + 1
+        if n < MAX_OBSERVATIONS:
+            self.observations.append(o)
+
+    @property
+    def observations_not_kept(self) -> int:
+        return sum(max(0, n - MAX_OBSERVATIONS) for n in self._observed.values())
+
     def add(self, op: str, nbytes: int, samples: np.ndarray) -> None:
-        self.samples.setdefault((op, int(nbytes)), []).append(samples)
+        """Each of ``samples`` as one call of ``op`` of ``nbytes``."""
+        self.pool((op,), nbytes).add_array(samples)
+
+
+_JSON_START = re.compile(r'[{\[]\s*(?:["{\[\]}\-0-9tfn]|$)')
+
+
+def _json_prefix(head: str, whole: bool) -> tuple[bool, str | None]:
+    """Whether ``head`` (the start of a file, all of it when ``whole``) is JSON, and the parser's complaint when it
+    is not: a document with nothing but blanks after it, or one the head cuts short."""
+    try:
+        _, end = json.JSONDecoder().raw_decode(head)
+    except json.JSONDecodeError as e:
+        if not whole and e.pos >= len(head) - 64:
+            return True, None  # the head ends inside the document
+        return False, f"not JSON ({e.msg}: line {e.lineno} column {e.colno})"
+    except (RecursionError, ValueError):
+        return True, None  # nested deeper than the parser goes, an integer of thousands of digits: JSON, refused
+        # by its reader
+    rest = head[end:].strip()
+    if not rest:
+        return True, None
+    return False, f"not one JSON document (more after line {head.count(chr(10), 0, end) + 1})"
+
+
+def _looks(head: str) -> str:
+    """What a file looked like, for the message refusing it: its first non-blank line, shortened."""
+    for line in head.splitlines():
+        if line.strip():
+            shown = line.strip()
+            return repr(shown[:77] + "..." if len(shown) > 80 else shown)
+    return "an empty file" if not head else "only blank lines"
 
 
 def kind_of(path: str) -> str:
-    """``stats``, ``nccl-tests`` or ``kineto``: what the file at ``path`` holds, by its content.
+    """``stats``, ``nccl-tests`` or ``kineto``: what the file at ``path`` holds, by its content (not its first
+    character: a log may start with a shell prompt ``[root@host dir]#`` or Open MPI's ``[1,0]<stdout>:``).
 
     Raises:
-        SourceError: it cannot be read (it is not a regular file, or is too large) or is none of them.
+        SourceError: it cannot be read (it is not a regular file, or is too large) or is none of them (the message
+            says what it looked like).
     """
-    from delaycomm.sources.files import read_bytes
+    from delaycomm.sources.files import iter_lines, read_head
 
-    data = read_bytes(path, "file", SourceError)  # a regular file only: a FIFO is refused, not waited on
-    text = data[: 1 << 16].decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
-    if text.startswith("{") or text.startswith("["):
-        if '"traceEvents"' in text or '"schemaVersion"' in text or (text.startswith("[") and '"ph"' in text):
-            return "kineto"
-        if b'"out_of_place"' not in data and b'"in_place"' not in data:
-            return "stats"  # no nccl-tests -J record in it: not parsed twice (the stats reader names what is wrong)
-        try:
-            doc = json.loads(data.decode("utf-8", errors="replace"))
-        except (ValueError, RecursionError):
-            return "stats"
-        return "nccl-tests" if nccl_tests.looks_like_json(doc) else "stats"
-    if nccl_tests.looks_like(data.decode("utf-8", errors="replace")):
+    size = 1 << 16
+    raw = read_head(path, "file", SourceError, size)  # a regular file only: a FIFO is refused, not waited on
+    head = raw.decode("utf-8", errors="replace").lstrip("\ufeff \t\r\n")
+    why_not_json = None
+    if _JSON_START.match(head):
+        is_json, why_not_json = _json_prefix(head, len(raw) < size)
+        if is_json:
+            if '"traceEvents"' in head or '"schemaVersion"' in head or (head.startswith("[") and '"ph"' in head):
+                return "kineto"
+            if '"delaycomm-profile"' in head:
+                raise SourceError(
+                    f"delaycomm: profile: {path!r} is a delaycomm profile (format delaycomm-profile), not a source: "
+                    "a profile is read by --show or DELAYCOMM_DELAY=profile:PATH, and built from stats files, "
+                    "nccl-tests logs and traces"
+                )
+            if '"out_of_place"' in head or '"in_place"' in head or '"results"' in head:
+                return "nccl-tests"
+            if len(raw) == size:  # a large document: its records may come after the head
+                from delaycomm.sources.files import read_bytes
+
+                data = read_bytes(path, "file", SourceError)
+                if b'"out_of_place"' in data or b'"in_place"' in data:
+                    return "nccl-tests"
+            return "stats"  # the stats reader names what is wrong with it
+    if any(nccl_tests.looks_like(line) for line in iter_lines(path, "file", SourceError)):
         return "nccl-tests"
+    if why_not_json is not None and not any(c in head[:200] for c in "<]") and head[:1] == "{":
+        return "stats"  # broken JSON that starts as an object: the stats reader names the line and column
+    looked = f"it starts with {_looks(head)}" + (f", which is {why_not_json}" if why_not_json else "")
     raise SourceError(
-        f"delaycomm: profile: {path!r} is not delaycomm stats (JSON), an nccl-tests log (no table header "
-        "'size count type ... time algbw busbw' in it) or a PyTorch profiler trace"
+        f"delaycomm: profile: {path!r} is none of the sources delaycomm reads: {looked}. Expected delaycomm stats "
+        "(JSON with ops or groups), an nccl-tests log (its table header 'size count type ... time algbw busbw' "
+        "somewhere in it), nccl-tests' -J JSON (a results list), or a PyTorch profiler trace (JSON with "
+        "traceEvents, .json or .json.gz)"
     )
 
 
@@ -109,79 +191,123 @@ def row_class_bytes(nbytes: int) -> int:
     return nbytes
 
 
+def _row_spread(tm, opt: Options) -> Spread:
+    """The spread of a row's mean: from nccl-tests' per-iteration columns when printed, else ``--tail``."""
+    if tm.per_iter and "i_p99" in tm.per_iter:
+        pi = tm.per_iter
+        spread = Spread.from_tail(
+            tm.time_us, pi["i_p99"], pi.get("i_min"), pi.get("i_max"), pi["i_cv"] / 100 if "i_cv" in pi else None
+        )
+        return Spread(
+            spread.p99_over_p50,
+            None if spread.lo is None else spread.lo * 1e3,
+            None if spread.hi is None else spread.hi * 1e3,
+        )
+    return Spread(opt.tail)
+
+
+def _table_rows(src: Source, t, opt: Options) -> tuple[dict[str, int], int]:
+    """A table's rows into the source's pools (and the model's measurements when re-targeting)."""
+    c = t.collective
+    first, second = _placement(c, opt.placement)
+    topo = None
+    if t.world_size and t.nodes:
+        try:
+            topo = costmodel.Topology(t.world_size, t.nodes, opt.nics_per_node)
+        except costmodel.ModelError:
+            topo = None
+    used: dict[str, int] = {}
+    from_columns = 0
+    for r in t.rows:
+        tm = r.timings.get(first) or r.timings.get(second)
+        if tm is None:
+            continue
+        place = first if first in r.timings else second
+        used[place] = used.get(place, 0) + 1
+        spread = _row_spread(tm, opt)
+        from_columns += bool(tm.per_iter and "i_p99" in tm.per_iter)
+        try:
+            nbytes = c.per_rank_bytes(r.size, r.count, element_size(r.dtype), t.world_size)
+        except ValueError as e:
+            raise SourceError(f"delaycomm: profile: nccl-tests log {t.at(r)}: {e}") from None
+        src.pool(c.ops, nbytes).add(tm.time_us * 1e3, spread)
+        if topo is not None and r.size > 0:
+            src.observe(costmodel.Observation(c.name, r.size, topo, tm.time_us * 1e-6, t.at(r)))
+    return used, from_columns
+
+
+def _describe(t, used: dict[str, int]) -> dict:
+    d = {
+        "line": t.line,
+        "collective": t.collective.name,
+        "ops": list(t.collective.ops),
+        "named_by": t.collective_by,
+        "world_size": t.world_size,
+        "world_size_from": t.world_size_by,
+        "nodes": t.nodes,
+        "rows": len(t.rows),
+        "placement": used,
+        "elided": t.elided,
+        "validation": t.validation,
+        "iterations": t.params.get("iters"),
+        "versions": t.versions,
+    }
+    if t.runs > 1:
+        d["interleaved_runs"] = t.runs
+    if t.ranks_listed is not None:
+        d["rank_lines_list_only"] = t.ranks_listed[:64]
+    return d
+
+
+_SAME = ("collective", "world_size", "world_size_from", "nodes", "elided", "validation", "iterations")
+
+
 def _read_nccl_tests(path: str, opt: Options) -> Source:
+    src = Source(path, "nccl-tests", None, None)
+    src.backends.add("nccl")
+    described: list[dict] = []
+    same: dict[tuple, dict] = {}  # the description of a run, by what runs appended one after another share
+    worlds, hosts = set(), set()
+    spreads_from_columns = 0
+    failed: list[str] = []  # the first 64 places a validation failed
+    n_failed = 0
     try:
-        tables = nccl_tests.read_tables(path, opt.op)
+        for t in nccl_tests.iter_tables(path, opt.op, opt.source_ranks, opt.source_nodes):
+            worlds.add(t.world_size)
+            hosts.add(t.nodes)
+            used, n = _table_rows(src, t, opt)
+            spreads_from_columns += n
+            bad = nccl_tests.failed_rows(t)
+            n_failed += len(bad)
+            failed.extend(bad[: max(0, 64 - len(failed))])
+            d = _describe(t, used)
+            key = tuple(repr(d.get(k)) for k in _SAME)
+            last = same.get(key)
+            if last is not None:  # a sweep appended run after run: one description, counted
+                last["runs_appended"] = last.get("runs_appended", 1) + 1
+                last["last_line"] = t.line
+                last["rows"] += d["rows"]
+                for k, v in used.items():
+                    last["placement"][k] = last["placement"].get(k, 0) + v
+            else:
+                described.append(d)
+                same[key] = d
+            t.rows = []  # read: not held to the end
     except nccl_tests.NcclTestsError as e:
         raise SourceError(f"delaycomm: profile: {e}") from None
-    worlds = {t.world_size for t in tables}
-    hosts = {t.nodes for t in tables if t.nodes}
-    src = Source(
-        path, "nccl-tests", worlds.pop() if len(worlds) == 1 else None, hosts.pop() if len(hosts) == 1 else None
-    )
-    src.backends.add("nccl")
-    described = []
-    spreads_from_columns = 0
-    for t in tables:
-        c = t.collective
-        first, second = _placement(c, opt.placement)
-        topo = None
-        if t.world_size and t.nodes:
-            try:
-                topo = costmodel.Topology(t.world_size, t.nodes, opt.nics_per_node)
-            except costmodel.ModelError:
-                topo = None
-        used = {}
-        for r in t.rows:
-            tm = r.timings.get(first) or r.timings.get(second)
-            if tm is None:
-                continue
-            place = first if first in r.timings else second
-            used[place] = used.get(place, 0) + 1
-            if tm.per_iter and "i_p99" in tm.per_iter:
-                pi = tm.per_iter
-                spread = Spread.from_tail(
-                    tm.time_us,
-                    pi["i_p99"],
-                    pi.get("i_min"),
-                    pi.get("i_max"),
-                    pi["i_cv"] / 100 if "i_cv" in pi else None,
-                )
-                spread = Spread(
-                    spread.p99_over_p50,
-                    None if spread.lo is None else spread.lo * 1e3,
-                    None if spread.hi is None else spread.hi * 1e3,
-                )
-                spreads_from_columns += 1
-            else:
-                spread = Spread(opt.tail)
-            try:
-                nbytes = c.per_rank_bytes(r.size, r.count, element_size(r.dtype), t.world_size)
-            except ValueError as e:
-                raise SourceError(f"delaycomm: profile: nccl-tests log {t.at(r)}: {e}") from None
-            samples = spread_samples(tm.time_us * 1e3, spread)
-            for op in c.ops:
-                src.add(op, nbytes, samples)
-            if topo is not None and r.size > 0:
-                src.observations.append(costmodel.Observation(c.name, r.size, topo, tm.time_us * 1e-6, t.at(r)))
-        described.append(
-            {
-                "line": t.line,
-                "collective": c.name,
-                "ops": list(c.ops),
-                "named_by": t.collective_by,
-                "world_size": t.world_size,
-                "world_size_from": t.world_size_by,
-                "nodes": t.nodes,
-                "rows": len(t.rows),
-                "placement": used,
-                "elided": t.elided,
-                "validation": t.validation,
-                "iterations": t.params.get("iters"),
-                "versions": t.versions,
-            }
-        )
+    src.world_size = worlds.pop() if len(worlds) == 1 else None
+    src.nodes = hosts.pop() if len(hosts) == 1 else None
+    if failed:
+        shown = "; ".join(failed[:8]) + (f"; and {n_failed - 8} more" if n_failed > 8 else "")
+        what = f"nccl-tests log {path!r}: its validation failed in {n_failed} place(s): {shown}"
+        if opt.strict:
+            raise SourceError(f"delaycomm: profile: --strict: {what} (the times of a run that computed wrong results)")
+        src.warnings.append(f"warning: {what}; read anyway (--strict refuses such a log)")
     src.info = {"tables": described, "spread_from_per_iteration_columns": spreads_from_columns}
+    if src.observations_not_kept:
+        src.info["observations_not_kept"] = src.observations_not_kept
+    if failed:
+        src.info["validation_failed"] = {"places": n_failed, "first": failed}
     return src
 
 
@@ -191,8 +317,17 @@ def _read_kineto(path: str, opt: Options) -> Source:
     except kineto.KinetoError as e:
         raise SourceError(f"delaycomm: profile: {e}") from None
     gpn = opt.trace_gpus_per_node
-    nodes = max(1, math.ceil(tr.world_size / gpn)) if tr.world_size else None
-    src = Source(path, "kineto", tr.world_size, nodes)
+    world = tr.world_size
+    if opt.source_ranks is not None:
+        if world is not None and world != opt.source_ranks:
+            raise SourceError(
+                f"delaycomm: profile: trace {path!r}: --source-ranks {opt.source_ranks} but its distributedInfo "
+                f"says world_size {world}"
+            )
+        world = opt.source_ranks
+    nodes = max(1, math.ceil(world / gpn)) if world else None
+    nodes = opt.source_nodes or nodes
+    src = Source(path, "kineto", world, nodes)
     if tr.backend:
         src.backends.add(tr.backend)
     groups: dict[tuple[str, int, int], list[float]] = {}
@@ -204,14 +339,15 @@ def _read_kineto(path: str, opt: Options) -> Source:
             why = src.unsized_why.setdefault(call.op, {})
             why[call.why_unsized or "unknown"] = why.get(call.why_unsized or "unknown", 0) + 1
             continue
-        src.add(call.op, call.nbytes, np.array([call.dur_ns]))
+        src.pool((call.op,), call.nbytes).add(call.dur_ns)
         c = collective_of_op(call.op)
-        n = call.group_size or tr.world_size
+        n = call.group_size or world
         if c is not None and n and call.nbytes > 0:
             groups.setdefault((c.name, c.total_bytes(call.nbytes, n), n), []).append(call.dur_ns)
     for (name, size, n), durs in sorted(groups.items()):
         try:
-            topo = costmodel.Topology(n, math.ceil(n / gpn), opt.nics_per_node)
+            topo = costmodel.Topology(n, opt.source_nodes if n == world and opt.source_nodes else math.ceil(n / gpn),
+                                      opt.nics_per_node)  # fmt: skip
         except costmodel.ModelError:
             continue  # a group that does not fill its nodes evenly: not a scale the model prices
         src.observations.append(costmodel.Observation(name, size, topo, float(np.median(durs)) * 1e-9, path))
