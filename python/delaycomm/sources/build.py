@@ -9,6 +9,7 @@ sources and scales each class to that scale.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from delaycomm import _schema, costmodel
+from delaycomm.sources import injected
 from delaycomm.sources.histogram import class_entry, size_class_bytes
 from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op
 from delaycomm.sources.read import (
@@ -153,8 +155,15 @@ def build_profile(
             f"delaycomm: profile: --ranks re-targets nccl-tests logs and traces; {stats[0]!r} is delaycomm stats "
             "(latency measured by delaycomm is not re-targeted: build it into a profile of its own)"
         )
-    sources = [read_source(p, opt, kinds[p]) for p in others]
     report: list[str] = []
+    traces = [p for p in others if kinds[p] == "kineto"]
+    for p in traces:  # calls the trace lost, and the injected delay (sources/injected.py)
+        report.extend(injected.audit(p))
+    if opt.without_injected and traces:
+        taken, lines = injected.corrections(traces)
+        report.extend(lines)
+        opt = dataclasses.replace(opt, injected=taken)
+    sources = [read_source(p, opt, kinds[p]) for p in others]
     retarget_meta = model = None
     if opt.ranks is not None:
         samples, retarget_meta, model = _retarget(sources, opt)
@@ -176,6 +185,7 @@ def build_profile(
     if not samples:
         raise SourceError(
             f"delaycomm: profile: the sources hold no call of known size ({', '.join(others)}): nothing to replay"
+            + "".join(f"; {line}" for line in report if "missing from the trace" in line)
         )
     ops = _classes(samples)
     unsized = _unsized(sources, report)
@@ -319,6 +329,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="NICs per node of the target and the sources (default: one per GPU)",
     )
     g.add_argument(
+        "--without-injected",
+        action="store_true",
+        help="take the delay delaycomm injected (its delaycomm:delay spans) out of the calls of its own traces; "
+        "give every rank's trace (docs/telemetry.md)",
+    )
+    g.add_argument(
         "--trace-gpus-per-node",
         type=argtypes.integer(1, 1024),
         default=8,
@@ -352,4 +368,5 @@ def options_from(args: argparse.Namespace) -> Options:
         nodes=nodes,
         nics_per_node=getattr(args, "nics_per_node", None),
         trace_gpus_per_node=getattr(args, "trace_gpus_per_node", 8),
+        without_injected=getattr(args, "without_injected", False),
     )

@@ -134,8 +134,9 @@ class _Threads:
         return sorted(out, key=lambda e: e["ts"], reverse=True)
 
 
-def read_trace(path: str) -> Trace:
-    """The calls of the trace at ``path``.
+def read_trace(path: str, injected: dict | None = None) -> Trace:
+    """The calls of the trace at ``path``; ``injected``: microseconds to take from gloo events by ``(pid, tid, ts)``
+    (``--without-injected``, sources/injected.py).
 
     Raises:
         KinetoError: the file is unreadable, not JSON, or not a Kineto trace.
@@ -201,7 +202,8 @@ def read_trace(path: str) -> Trace:
         a = _args(e)
         nbytes = 0 if op == "barrier" else _tensor_bytes(a.get("Input Dims"), a.get("Input type"))
         why = None if nbytes is not None else "the event has no tensor Input Dims/Input type"
-        trace.calls.append(Call(op, nbytes, float(e["dur"]) * 1e3, None, "gloo event", why))
+        taken = (injected or {}).get((e.get("pid"), e.get("tid"), e["ts"]), 0.0)
+        trace.calls.append(Call(op, nbytes, (float(e["dur"]) - taken) * 1e3, None, "gloo event", why))
     return trace
 
 

@@ -36,6 +36,9 @@ class Options:
     nodes: int | None = None
     nics_per_node: int | None = None
     trace_gpus_per_node: int = 8  # the GPUs per node of the jobs that wrote the traces
+    # --without-injected: per trace, microseconds to take from each backend event (sources/injected.py)
+    without_injected: bool = False
+    injected: dict | None = None
 
 
 @dataclass
@@ -187,7 +190,7 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
 
 def _read_kineto(path: str, opt: Options) -> Source:
     try:
-        tr = kineto.read_trace(path)
+        tr = kineto.read_trace(path, (opt.injected or {}).get(path))
     except kineto.KinetoError as e:
         raise SourceError(f"delaycomm: profile: {e}") from None
     gpn = opt.trace_gpus_per_node
