@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include "stats/Trace.hpp"
+#include "stats/ProfilerContext.hpp"
 
 namespace delaycomm {
 
@@ -59,13 +59,12 @@ class HostSleeper {
 // docs/core.md "Threads"). A user callback that issues a collective and waits for it would otherwise wait for the
 // very thread it blocks.
 // Profiler: a task issued off its caller's thread runs with the caller's profiler state as it was at submit()
-// (trace::ProfilerContext, stats/Trace.hpp), so that what the inner backend records of the op (gloo:all_reduce) lands
-// in the caller's torch.profiler trace, whichever thread issues it.
-// Lifecycle: stop() (or the destructor) issues every queued op at once, in order, then joins the thread; cancelAll()
-// fails the queued ops instead (abort). stop() may be called from any thread, concurrently, more than once; called
-// from a task on the issuer thread itself, it cannot join: the thread then finishes on its own once the queue is
-// empty and touches nothing of this object after (its state is shared with it), so a destructor running on the
-// issuer thread is safe.
+// (trace::ProfilerContext, stats/ProfilerContext.hpp), so that what the inner backend records of the op
+// (gloo:all_reduce) lands in the caller's torch.profiler trace, whichever thread issues it. Lifecycle: stop() (or the
+// destructor) issues every queued op at once, in order, then joins the thread; cancelAll() fails the queued ops instead
+// (abort). stop() may be called from any thread, concurrently, more than once; called from a task on the issuer thread
+// itself, it cannot join: the thread then finishes on its own once the queue is empty and touches nothing of this
+// object after (its state is shared with it), so a destructor running on the issuer thread is safe.
 class IssuerThread {
  public:
   using Task = std::function<void()>;

@@ -3,23 +3,44 @@
 #include <functional>
 #include <thread>
 
+#include <c10/util/ThreadLocalDebugInfo.h>
+
 #include "stats/Histogram.hpp"
 
 namespace delaycomm::trace {
+
+struct ProfilerContext::State {
+  at::RecordFunctionTLS callbacks;
+  std::shared_ptr<c10::ThreadLocalDebugInfo> debugInfo;
+};
+
+ProfilerContext ProfilerContext::capture() {
+  const auto& tls = at::get_record_function_tls_();
+  if (C10_LIKELY(tls.sorted_tls_callbacks_.empty())) {
+    return {};
+  }
+  ProfilerContext ctx;
+  ctx.state_ = std::make_shared<const State>(State{tls, c10::ThreadLocalDebugInfo::current()});
+  return ctx;
+}
+
+struct ProfilerContextGuard::Saved {
+  at::RecordFunctionTLS callbacks;
+  c10::DebugInfoGuard debugInfo;  // restores the thread's own debug info when destroyed
+};
 
 ProfilerContextGuard::ProfilerContextGuard(const ProfilerContext& ctx) {
   if (!ctx.state_) {
     return;
   }
-  previous_ = at::get_record_function_tls_();
+  saved_.reset(new Saved{at::get_record_function_tls_(), c10::DebugInfoGuard(ctx.state_->debugInfo)});
   at::set_record_function_tls_(ctx.state_->callbacks);
-  debugInfo_.emplace(ctx.state_->debugInfo);
 }
 
 ProfilerContextGuard::~ProfilerContextGuard() {
-  debugInfo_.reset();
-  if (previous_) {
-    at::set_record_function_tls_(*previous_);
+  if (saved_) {
+    at::set_record_function_tls_(saved_->callbacks);
+    saved_.reset();
   }
 }
 

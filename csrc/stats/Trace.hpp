@@ -15,7 +15,8 @@
 #include <ATen/core/ivalue.h>
 #include <ATen/record_function.h>
 #include <c10/macros/Macros.h>
-#include <c10/util/ThreadLocalDebugInfo.h>
+
+#include "stats/ProfilerContext.hpp"
 
 namespace delaycomm::trace {
 
@@ -28,6 +29,7 @@ namespace delaycomm::trace {
 //    recorded by the thread that issues it. c10d and autograd carry the whole at::ThreadLocalState across threads;
 //    delaycomm carries the profiler's part only: the rest (grad mode, Python dispatch and torch-function modes,
 //    saved-tensor hooks) would run user code on delaycomm's own threads, and the inner backend needs none of it.
+//    That part is trace::ProfilerContext (stats/ProfilerContext.hpp), captured and applied by IssuerThread.
 //
 // 2. delaycomm's own spans (user annotations, RecordScope::USER_SCOPE, as torch.profiler.record_function's):
 //    "delaycomm:delay" (an injected delay), "delaycomm:stale ..." (a staleness decision). Their arguments (kwinputs)
@@ -38,45 +40,6 @@ namespace delaycomm::trace {
 //
 // Cost with no profiler active: one check of the RecordFunction callbacks (at::getStepCallbacksUnlessEmpty, as
 // torch's own RECORD_FUNCTION), nothing allocated, no argument built.
-
-// The profiler's thread-local state of a calling thread (see 1.), or nothing when no callback listens there.
-class ProfilerContext {
- public:
-  ProfilerContext() = default;
-  // The calling thread's: empty unless thread-local RecordFunction callbacks (a profiler) are registered on it.
-  static ProfilerContext capture() {
-    const auto& tls = at::get_record_function_tls_();
-    if (C10_LIKELY(tls.sorted_tls_callbacks_.empty())) {
-      return {};
-    }
-    ProfilerContext ctx;
-    ctx.state_ = std::make_shared<State>(State{tls, c10::ThreadLocalDebugInfo::current()});
-    return ctx;
-  }
-  bool empty() const { return !state_; }
-
- private:
-  friend class ProfilerContextGuard;
-  struct State {
-    at::RecordFunctionTLS callbacks;
-    std::shared_ptr<c10::ThreadLocalDebugInfo> debugInfo;
-  };
-  std::shared_ptr<const State> state_;  // shared: a task that carries it may be copied (std::function)
-};
-
-// Applies a captured ProfilerContext on the calling thread for the guard's lifetime, then restores the thread's
-// own (a no-op for an empty context).
-class ProfilerContextGuard {
- public:
-  explicit ProfilerContextGuard(const ProfilerContext& ctx);
-  ~ProfilerContextGuard();
-  ProfilerContextGuard(const ProfilerContextGuard&) = delete;
-  ProfilerContextGuard& operator=(const ProfilerContextGuard&) = delete;
-
- private:
-  std::optional<at::RecordFunctionTLS> previous_;
-  std::optional<c10::DebugInfoGuard> debugInfo_;
-};
 
 using SpanArgs = std::unordered_map<std::string, c10::IValue>;
 
