@@ -28,7 +28,8 @@ def test_audit_names_the_calls_a_trace_lost(tmp_path):
     events = [_x("c10d::allreduce_", 100 * i, 5) for i in range(4)] + [_gloo(0, 50)]
     path = _write(tmp_path / "t.json", events, 0)
     (line,) = injected.audit(path)
-    assert "4 c10d allreduce op(s) but 1 backend event(s): 3 call(s) are missing" in line
+    assert "4 c10d collective op(s) (allreduce 4) but 1 backend event(s)" in line
+    assert "3 call(s) are missing from the trace" in line
     _, report = build.build_profile([path], Options(), lambda s: {})
     assert any("3 call(s) are missing" in r for r in report)
 
