@@ -20,6 +20,7 @@ import atexit
 import json
 import logging
 import os
+import sys
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -318,7 +319,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("-o", "--output", required=True, metavar="MERGED.json", help="write the merged trace here")
     parser.add_argument("--png", metavar="FILE.png", help="also draw it (needs matplotlib)")
     args = parser.parse_args(argv)
+    from delaycomm._tools.optional import require_for_flag
     from delaycomm._tools.output import write_json
+
+    if args.png:
+        require_for_flag(parser, "--png", "matplotlib")  # before anything is read or written
 
     try:
         doc = merge(args.files)
@@ -326,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.png:
             render_png(doc, args.png)
     except (ValueError, OSError) as e:
-        print(str(e), flush=True)
+        print(f"error: {e}", file=sys.stderr, flush=True)
         return 2
     ranks = doc["otherData"]["delaycomm"]["ranks"]
     n = sum(1 for e in doc["traceEvents"] if e["ph"] != "M")

@@ -160,7 +160,7 @@ def test_profile_counts_every_call_and_takes_the_injected_delay_out(run):
 
 
 @pytest.mark.timeout(60)
-def test_timeline_of_each_rank_and_merged(run, tmp_path):
+def test_timeline_of_each_rank_and_merged(run, tmp_path, capsys):
     """DELAYCOMM_TRACE: each rank's file is a valid Chrome trace of its calls, delays and stale decisions, and
     ``python -m delaycomm timeline`` merges them with a track (process) per rank."""
     from delaycomm import timeline
@@ -201,6 +201,7 @@ def test_timeline_of_each_rank_and_merged(run, tmp_path):
     assert png.stat().st_size > 1000
     # Two files of one rank are refused, naming both.
     assert main(["timeline", files[0], files[0], "-o", str(merged)]) == 2
+    assert f"{files[0]!r} and {files[0]!r} are both rank 0" in capsys.readouterr().err
 
 
 def test_validate_finds_what_breaks_the_format():
