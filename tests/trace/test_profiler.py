@@ -85,7 +85,9 @@ def _ddp(rank, world, tmp):
             loss.backward()
             opt.step()
 
-    out = _counts(_profiled(os.path.join(tmp, f"ddp-{rank}.json"), body))
+    events = _profiled(os.path.join(tmp, f"ddp-{rank}.json"), body)
+    out = _counts(events)
+    out["stale_args"] = {e["name"]: e.get("args", {}) for e in events if e["name"].startswith("delaycomm:stale")}
     delaycomm.flush(group)  # outside the profile: its reductions are issued without a c10d op
     out["stale_calls"] = delaycomm.stats(group)["ops"]["allreduce"].get("stale_calls", 0)
     return out
@@ -134,6 +136,15 @@ def test_every_call_is_in_the_callers_trace(run):
         # DDP + ssp:2: every gradient all-reduce in the trace, and its stale decisions marked.
         assert ddp["allreduce_ops"] > 0 and ddp["gloo_allreduce"] == ddp["allreduce_ops"], (rank, ddp)
         assert ddp["stale_spans"] > 0, (rank, ddp)
+        stale = ddp["stale_args"]
+        # The stream's first step cannot defer (why), then each step's own contribution is fresh or deferred k steps.
+        assert "why" in stale["delaycomm:stale bsp step"], stale
+        assert stale.keys() >= {"delaycomm:stale bsp step", "delaycomm:stale fresh"}, stale.keys()
+        for name, args in stale.items():
+            assert args["op"] == "allreduce" and args["step"] >= 0 and "landed" in args, (name, args)
+            assert (args["deferred_steps"] in (1, 2)) == (name == "delaycomm:stale deferred"), (name, args)
+    # const:5ms on half the calls at step_ms=5: some steps defer (the schedule is seeded: the same every run).
+    assert any("delaycomm:stale deferred" in out["ddp"]["stale_args"] for out in run[1])
 
 
 @pytest.mark.timeout(60)
