@@ -71,3 +71,29 @@ def test_the_flag_is_on_the_command(flag):
     p = argparse.ArgumentParser()
     build.add_arguments(p)
     assert build.options_from(p.parse_args([flag])).without_injected
+
+
+@pytest.mark.parametrize(
+    "value, why",
+    [
+        ("/nonexistent-dir/t-{rank}.json", "the directory '/nonexistent-dir' does not exist"),
+        ("t-{node}.json", "unknown placeholder(s) node"),
+        ("/tmp", "a file path is expected"),
+        ("t-{rank.json", "unbalanced braces"),
+    ],
+)
+def test_a_bad_trace_path_is_refused_naming_the_option(value, why):
+    from delaycomm._config import resolve
+
+    with pytest.raises(ValueError) as info:
+        resolve(env={"DELAYCOMM_TRACE": value})
+    assert "for option 'trace' from the environment variable DELAYCOMM_TRACE" in str(info.value)
+    assert why in str(info.value)
+
+
+def test_the_rank_file_of_a_template():
+    from delaycomm.timeline import file_for
+
+    assert file_for("run/t-{rank}.json", 3, 8) == "run/t-3.json"
+    assert file_for("run/t.json", 3, 8) == "run/t.rank3.json"
+    assert file_for("run/t.json", 0, 1) == "run/t.json"
