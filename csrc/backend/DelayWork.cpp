@@ -3,6 +3,8 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 
+#include "stats/Trace.hpp"
+
 namespace delaycomm {
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -34,6 +36,7 @@ void DirectWorkCpu::recordCompletion(bool ok) {
     return;
   }
   stats_->recordCompletion(op_, issuedAt_, call_, ok);
+  trace::recordCall(opName(op_), seq_, issuedAt_, ok, call_ ? call_->sizeClass : 0);  // DELAYCOMM_TRACE
 }
 
 bool DirectWorkCpu::wait(std::chrono::milliseconds timeout) {

@@ -10,13 +10,55 @@
 
 #include "backend/Arguments.hpp"
 #include "backend/DelayBackend.hpp"
+#include "stats/Trace.hpp"
 
 namespace delaycomm {
+
+namespace {
+
+// The profiler's mark of one stale decision (stats/Trace.hpp; docs/telemetry.md, "Spans"): this rank's
+// contribution deferred k steps, fresh, or (a step that cannot defer) delayed as under bsp; with the contributions
+// that land at this step.
+void markStaleStep(OpKind op, const StalenessEngine::StepInfo& info, bool mayDefer) {
+  const char* name = !info.deferrable ? "delaycomm:stale bsp step"
+                     : info.mineFresh ? "delaycomm:stale fresh"
+                                      : "delaycomm:stale deferred";
+  if (trace::TraceLog* log = trace::TraceLog::active()) {  // DELAYCOMM_TRACE
+    trace::TraceRecord r;
+    r.kind = trace::TraceRecord::kStale;
+    r.name = name;
+    r.op = opName(op);
+    r.startNs = trace::TraceLog::nowNs();
+    r.seq = info.step;
+    r.args = {static_cast<int64_t>(info.key), info.mineLateness, info.nStale, info.landedMaxSteps, info.delayNs};
+    log->record(r);
+  }
+  trace::Span::mark(name, [&](trace::SpanArgs& args) {
+    args.emplace("op", std::string(opName(op)));
+    args.emplace("stream", static_cast<int64_t>(info.key));
+    args.emplace("step", static_cast<int64_t>(info.step));
+    args.emplace("deferred_steps", info.mineLateness);
+    args.emplace("delay_us", info.delayNs / 1000);
+    args.emplace("landed", info.nStale);
+    args.emplace("landed_max_steps", info.landedMaxSteps);
+    args.emplace("own_landed", info.mineDue);
+    args.emplace("fresh", info.nFresh);
+    args.emplace("gate_wait_us", info.blockedNs / 1000);
+    if (!info.deferrable) {
+      args.emplace("why", std::string(mayDefer ? "the stream's first step, or step_ms not known yet: the delay is "
+                                                 "paid as under bsp"
+                                               : "the stream is on probation: the delay is paid as under bsp"));
+    }
+  });
+}
+
+}  // namespace
 
 c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleAllreduce(const StaleRoute& route, at::Tensor& tensor,
                                                                const c10d::AllreduceOptions& opts) {
   const auto info = stale_->prepareScaled(tensor, route.key, route.resultScale, /*scatter=*/false, route.mayDefer);
   countStale(OpKind::kAllreduce, info);
+  markStaleStep(OpKind::kAllreduce, info, route.mayDefer);
   c10d::AllreduceOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG was folded into the pre-scaling
   std::vector<at::Tensor> tensors{tensor};
@@ -46,6 +88,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runStaleReduceScatter(const StaleRo
   // reduce-scatter input afterwards (docs/staleness.md).
   const auto info = stale_->prepareScaled(input, route.key, route.resultScale, /*scatter=*/true, route.mayDefer);
   countStale(OpKind::kReduceScatterBase, info);
+  markStaleStep(OpKind::kReduceScatterBase, info, route.mayDefer);
   c10d::ReduceScatterOptions sumOpts = opts;
   sumOpts.reduceOp = c10d::ReduceOp::SUM;  // AVG and PREMUL_SUM were folded into the pre-scaling
   return run(
@@ -67,6 +110,23 @@ void DelayBackend::countStale(OpKind op, const StalenessEngine::StepInfo& info) 
 
 void DelayBackend::keptFresh(OpKind op, const std::vector<at::Tensor>& tensors, const StaleRoute& route) {
   stats_->op(op).keptFreshCalls.fetch_add(1, std::memory_order_relaxed);
+  if (trace::TraceLog* log = trace::TraceLog::active()) {  // DELAYCOMM_TRACE
+    trace::TraceRecord r;
+    r.kind = trace::TraceRecord::kStale;
+    r.name = "delaycomm:stale kept fresh";
+    r.op = opName(op);
+    r.why = route.whyNot;
+    r.startNs = trace::TraceLog::nowNs();
+    r.args = {-1, 0, 0, 0, 0};
+    log->record(r);
+  }
+  trace::Span::mark("delaycomm:stale kept fresh", [&](trace::SpanArgs& args) {
+    args.emplace("op", std::string(opName(op)));
+    args.emplace("why", std::string(route.whyNot));
+    if (!route.node.empty()) {
+      args.emplace("node", route.node);
+    }
+  });
   auto& warned = freshWarned_[static_cast<size_t>(route.reason)];
   if (warned.exchange(true) || !stale_->onWarn) {
     return;

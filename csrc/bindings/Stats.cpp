@@ -8,6 +8,7 @@
 
 #include "bindings/Bindings.hpp"
 #include "stats/Histogram.hpp"
+#include "stats/Trace.hpp"
 
 namespace delaycomm::bindings {
 
@@ -124,6 +125,33 @@ py::dict telemetryDict(const GroupTelemetry& t) {
   return out;
 }
 
+// DELAYCOMM_TRACE (stats/Trace.hpp): turn the process's timeline on, read it back (delaycomm/timeline.py).
+void bindTrace(py::module_& m) {
+  m.def(
+      "_trace_enable", [](size_t capacity) { return trace::TraceLog::enable(capacity).capacity(); },
+      py::arg("capacity"), "Turn the process's DELAYCOMM_TRACE log on (its capacity in records; returns it).");
+  m.def(
+      "_trace_records",
+      []() {
+        py::dict out;
+        trace::TraceLog* log = trace::TraceLog::active();
+        uint64_t dropped = 0;
+        const auto records = log ? log->snapshot(&dropped) : std::vector<trace::TraceRecord>{};
+        static constexpr const char* kKinds[] = {"call", "delay", "stale"};
+        py::list rows;
+        for (const auto& r : records) {
+          rows.append(py::make_tuple(kKinds[r.kind], r.name, r.op, r.why, r.startNs, r.durNs, r.seq, r.thread,
+                                     py::make_tuple(r.args[0], r.args[1], r.args[2], r.args[3], r.args[4])));
+        }
+        out["records"] = rows;
+        out["dropped"] = dropped;
+        out["capacity"] = log ? log->capacity() : 0;
+        out["epoch_offset_ns"] = trace::TraceLog::epochOffsetNs();
+        return out;
+      },
+      "The DELAYCOMM_TRACE records kept (oldest first), how many were dropped, and the steady-to-epoch clock offset.");
+}
+
 void bindStats(py::module_& m) {
   py::class_<LogHistogram, std::shared_ptr<LogHistogram>>(m, "_LogHistogram",
                                                           "The telemetry histogram (exposed for tests).")
@@ -133,6 +161,7 @@ void bindStats(py::module_& m) {
           "quantile", [](const LogHistogram& h, double q) { return h.snapshot().quantile(q); }, py::arg("q"))
       .def("summary", [](const LogHistogram& h) { return summaryDict(summarize(h, kUnitless)); })
       .def("reset", &LogHistogram::reset);
+  bindTrace(m);
 }
 
 }  // namespace delaycomm::bindings

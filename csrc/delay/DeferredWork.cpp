@@ -11,6 +11,7 @@
 #include "delay/DelayTimeout.hpp"
 #include "delay/IssuerThread.hpp"
 #include "delay/Units.hpp"
+#include "stats/Trace.hpp"
 
 namespace delaycomm {
 
@@ -173,6 +174,7 @@ void DeferredWorkCpu::recordCompletion(bool ok) {
     call->queuedNs = queuedNs_.load(std::memory_order_relaxed);
   }
   stats_->recordCompletion(op_, issuedAt_, call, ok);
+  trace::recordCall(opName(op_), seq_, issuedAt_, ok, call ? call->sizeClass : 0);  // DELAYCOMM_TRACE
 }
 
 bool DeferredWorkCpu::isCompleted() {

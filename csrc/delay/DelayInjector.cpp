@@ -177,6 +177,57 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   return added;
 }
 
+trace::Span DelayInjector::delaySpan(const char* name, const Op& op, int64_t delayNs) const {
+  return trace::Span::begin(name, [&](trace::SpanArgs& args) {
+    args.emplace("op", std::string(opName(op.kind)));
+    args.emplace("seq", static_cast<int64_t>(op.seq));
+    args.emplace("rank", static_cast<int64_t>(rank_));
+    args.emplace("size_class_bytes", static_cast<int64_t>(sizeClassBytes(sizeClassOf(op.bytes))));
+    args.emplace("bytes", op.bytes);
+    args.emplace("delay_us", delayNs / 1000);
+    args.emplace("where", std::string(options_.where == DelayWhere::kHost ? "host"
+                                      : op.device.is_cuda()               ? "gpu"
+                                                                          : "network"));
+    args.emplace("carrier", carrierOf(op));
+  });
+}
+
+int64_t DelayInjector::carrierOf(const Op& op) const {
+  if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
+    return -1;
+  }
+  return schedule_
+      ->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, pointToPoint(op.kind) ? rank_ : -1,
+               CallSize{static_cast<int>(op.kind), op.bytes})
+      .rank;
+}
+
+std::optional<trace::TraceRecord> DelayInjector::holdRecord(const char* name, const Op& op, int64_t delayNs,
+                                                            InjectorClock::time_point since) const {
+  if (C10_LIKELY(trace::TraceLog::active() == nullptr)) {
+    return std::nullopt;
+  }
+  trace::TraceRecord r;
+  r.kind = trace::TraceRecord::kDelay;
+  r.name = name;
+  r.op = opName(op.kind);
+  r.startNs = std::chrono::duration_cast<std::chrono::nanoseconds>(since.time_since_epoch()).count();
+  r.seq = op.seq;
+  r.args = {delayNs, carrierOf(op), static_cast<int64_t>(sizeClassBytes(sizeClassOf(op.bytes))), 0, 0};
+  return r;
+}
+
+void DelayInjector::endHold(std::optional<trace::TraceRecord>& record) {
+  if (!record) {
+    return;
+  }
+  if (trace::TraceLog* log = trace::TraceLog::active()) {
+    record->durNs = trace::TraceLog::nowNs() - record->startNs;
+    log->record(*record);
+  }
+  record.reset();
+}
+
 void DelayInjector::warn(const std::string& message) const {
   if (onWarn) {
     onWarn(message);
@@ -255,8 +306,11 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
       s.delayNs.record(static_cast<double>(delayNs));
     }
     if (options_.where == DelayWhere::kHost) {
+      trace::Span span = delaySpan("delaycomm:delay", op, delayNs);
+      auto record = holdRecord("delaycomm:delay", op, delayNs, InjectorClock::now());
       const auto woke =
           hostSleeper_.sleepUntil(addSaturated<InjectorClock>(InjectorClock::now(), delayNs), callDeadline);
+      endHold(record);
       const auto what = c10::str("an injected delay of ", msText(delayNs), " ms (delay_where=host)");
       throwIfClosed(woke, op.kind, op.seq, what.c_str());
       if (woke == HostSleeper::Woke::kDeadline) {
@@ -276,6 +330,11 @@ DelayInjector::Issued DelayInjector::run(const Op& op, Issue issue) {
     c10::intrusive_ptr<c10d::Work> innerWork;
     if (networkDelayNs > 0) {
 #ifdef DELAYCOMM_WITH_CUDA
+      trace::Span span = delaySpan("delaycomm:delay", op, networkDelayNs);  // the sleep kernel's launch
+      if (auto record = holdRecord("delaycomm:delay", op, networkDelayNs, calledAt)) {
+        record->durNs = networkDelayNs;  // on the GPU's stream, from about the launch
+        trace::TraceLog::active()->record(*record);
+      }
       issueWithGpuDelay(op.device, boundedGpuDelayNs(networkDelayNs, timeout()),
                         /*joinCurrentStream=*/!op.asyncOp, [&] { innerWork = issue(true); });
 #else
@@ -308,9 +367,15 @@ DelayInjector::Issued DelayInjector::issueCpu(const Op& op, Issue& issue, int64_
       c10::make_intrusive<DeferredWorkCpu>(op.kind, op.seq, stats_, calledAt, *op.outputs, timeout(), networkDelayNs,
                                            CallTiming{sizeClassOf(op.bytes), enteredAt, observe});
   const OpKind kind = op.kind;
+  // From the call to the op's issue: its injected delay, or its wait behind the held-back ops ahead of it.
+  const char* holdName = networkDelayNs > 0 ? "delaycomm:delay" : "delaycomm:queued";
+  auto span = std::make_shared<trace::Span>(delaySpan(holdName, op, networkDelayNs));
   issuer_->submit(
       addSaturated<InjectorClock>(calledAt, networkDelayNs),
-      [issue = std::move(issue), work, kind]() mutable {
+      [issue = std::move(issue), work, kind, span,
+       record = holdRecord(holdName, op, networkDelayNs, calledAt)]() mutable {
+        span->end();
+        endHold(record);
         try {
           auto w = issue(false);
           TORCH_CHECK(w, "delaycomm: ", opName(kind), ": the inner backend returned no work");

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "delay/LocalLatency.hpp"
 #include "delay/Schedule.hpp"
 #include "stats/OpStats.hpp"
+#include "stats/Trace.hpp"
 
 namespace delaycomm {
 
@@ -128,6 +130,16 @@ class DelayInjector {
   // counted as uncalibrated, nothing observed.
   int64_t matchDelayNs(const Op& op, int64_t* observe, bool untimed);
   void warn(const std::string& message) const;
+  // The profiler span of an op's injected delay or queueing (stats/Trace.hpp; docs/telemetry.md): named `name`,
+  // with the op, its sequence number, size class, drawn delay and carrier rank; empty when no profiler listens.
+  trace::Span delaySpan(const char* name, const Op& op, int64_t delayNs) const;
+  // DELAYCOMM_TRACE's record of the same hold, begun at `since` (its duration is set when it ends: endHold());
+  // null when the timeline is off.
+  std::optional<trace::TraceRecord> holdRecord(const char* name, const Op& op, int64_t delayNs,
+                                               std::chrono::steady_clock::time_point since) const;
+  static void endHold(std::optional<trace::TraceRecord>& record);
+  // The rank whose delay holds the call back longest (every rank computes the same); -1: none.
+  int64_t carrierOf(const Op& op) const;
 
   const int rank_;
   const Options options_;

@@ -114,8 +114,17 @@ IssuerThread::Item IssuerThread::popFrontLocked(State& s) {
   return it;
 }
 
+void IssuerThread::issue(Item& it) {
+  {
+    trace::ProfilerContextGuard profiler(it.profiler);
+    it.task();
+  }
+  it = Item{};  // drop the task's captures (tensors, work) outside the lock
+}
+
 void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel cancel, SteadyClock::time_point expireAt,
                           Expire expire, const Queued& queued) {
+  trace::ProfilerContext profiler = trace::ProfilerContext::capture();  // on the caller's thread, before the lock
   State& s = *state_;
   std::unique_lock<std::mutex> lock(s.mutex);
   const bool ahead = !s.queue.empty() || s.busy;
@@ -125,7 +134,8 @@ void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel c
                : 0);
   }
   s.latestRelease = ahead ? std::max(s.latestRelease, releaseAt) : releaseAt;
-  s.queue.push_back(Item{releaseAt, std::move(task), std::move(cancel), expireAt, std::move(expire)});
+  s.queue.push_back(
+      Item{releaseAt, std::move(task), std::move(cancel), expireAt, std::move(expire), std::move(profiler)});
   if (!s.stopping) {
     s.cv.notify_all();
     return;
@@ -140,8 +150,7 @@ void IssuerThread::submit(SteadyClock::time_point releaseAt, Task task, Cancel c
     Item it = popFrontLocked(s);
     s.busy = true;
     lock.unlock();
-    it.task();
-    it = Item{};
+    issue(it);
     lock.lock();
     s.busy = false;
     s.cv.notify_all();
@@ -200,8 +209,7 @@ void IssuerThread::loop(const std::shared_ptr<State>& state) {
     Item it = popFrontLocked(s);
     s.busy = true;
     lock.unlock();
-    it.task();
-    it = Item{};  // drop the task's captures (tensors, work) outside the lock
+    issue(it);
     lock.lock();
     s.busy = false;
     s.cv.notify_all();
@@ -238,8 +246,7 @@ void IssuerThread::stop() {
   while (!s.queue.empty()) {
     Item it = popFrontLocked(s);
     lock.unlock();
-    it.task();
-    it = Item{};
+    issue(it);
     lock.lock();
   }
 }

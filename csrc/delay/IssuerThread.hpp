@@ -10,6 +10,8 @@
 #include <string>
 #include <thread>
 
+#include "stats/ProfilerContext.hpp"
+
 namespace delaycomm {
 
 using SteadyClock = std::chrono::steady_clock;
@@ -56,11 +58,13 @@ class HostSleeper {
 // work's future runs its callbacks inline) hands it to another thread instead (delay/DeferredWork.hpp,
 // docs/core.md "Threads"). A user callback that issues a collective and waits for it would otherwise wait for the
 // very thread it blocks.
-// Lifecycle: stop() (or the destructor) issues every queued op at once, in order, then joins the thread; cancelAll()
-// fails the queued ops instead (abort). stop() may be called from any thread, concurrently, more than once; called
-// from a task on the issuer thread itself, it cannot join: the thread then finishes on its own once the queue is
-// empty and touches nothing of this object after (its state is shared with it), so a destructor running on the
-// issuer thread is safe.
+// Profiler: a task issued off its caller's thread runs with the caller's profiler state as it was at submit()
+// (trace::ProfilerContext, stats/ProfilerContext.hpp), so that what the inner backend records of the op
+// (gloo:all_reduce) lands in the caller's torch.profiler trace, whichever thread issues it. Lifecycle: stop() (or the
+// destructor) issues every queued op at once, in order, then joins the thread; cancelAll() fails the queued ops instead
+// (abort). stop() may be called from any thread, concurrently, more than once; called from a task on the issuer thread
+// itself, it cannot join: the thread then finishes on its own once the queue is empty and touches nothing of this
+// object after (its state is shared with it), so a destructor running on the issuer thread is safe.
 class IssuerThread {
  public:
   using Task = std::function<void()>;
@@ -100,6 +104,7 @@ class IssuerThread {
     Cancel cancel;
     SteadyClock::time_point expireAt;
     Expire expire;
+    trace::ProfilerContext profiler;  // the caller's, at submit() (empty: no profiler there)
   };
   // Everything the thread touches: shared with it, so that it can outlive this object (see stop()).
   struct State {
@@ -118,6 +123,8 @@ class IssuerThread {
   static void loop(const std::shared_ptr<State>& s);
   // Pops the front item; s.mutex held.
   static Item popFrontLocked(State& s);
+  // Runs the item's task under its caller's profiler state, then drops the task's captures; s.mutex not held.
+  static void issue(Item& it);
 
   const std::string name_;
   const std::shared_ptr<State> state_;

@@ -135,6 +135,10 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   info.blockedNs = plan.gateWaitNs[me];
   info.deferrable = plan.deferrable;
   info.delayNs = plan.delayNs[me];
+  info.mineLateness = plan.lateness[me];  // profiler spans (stats/Trace.hpp)
+  for (const auto& a : arriving) {
+    info.landedMaxSteps = std::max(info.landedMaxSteps, a.staleness);
+  }
   const std::string keyText = info.blockedNs > 0 ? keys_.describe(key) : std::string();
   const char* op = keys_.opText(key);
   lock.unlock();

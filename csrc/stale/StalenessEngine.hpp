@@ -72,6 +72,10 @@ class StalenessEngine {
     // caller applies the op's delay as under bsp instead (docs/staleness.md, "Which reductions go stale").
     bool deferrable = false;
     int64_t delayNs = 0;  // this rank's delay at this step (when deferrable)
+    // For the profiler's stale spans (stats/Trace.hpp): how many steps this rank's contribution is deferred (0:
+    // fresh), and the most steps late of the contributions that land at this step (0: none lands).
+    int64_t mineLateness = 0;
+    int64_t landedMaxSteps = 0;
   };
 
   // One stream that flush delivers: this rank's local sum of its own pending contributions (zeros when it has

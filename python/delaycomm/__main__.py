@@ -1,6 +1,7 @@
 """``python -m delaycomm config``: show the effective configuration (and where each value came from);
 ``python -m delaycomm profile``: latency profiles (docs/profile.md); ``python -m delaycomm profile compare``: a
-replay against its profile."""
+replay against its profile; ``python -m delaycomm timeline``: merge the ranks' DELAYCOMM_TRACE files
+(docs/telemetry.md)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ def main(argv: list[str] | None = None) -> int:
     from delaycomm._config import OPTIONS, format_value
 
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["timeline"]:  # the ranks' DELAYCOMM_TRACE files merged (docs/telemetry.md, "Timeline")
+        from delaycomm import timeline
+
+        return timeline.main(argv[1:])
     if argv[:2] == ["profile", "compare"]:  # a replay's fidelity (docs/profile.md, "Fidelity")
         from delaycomm import fidelity
 

@@ -9,7 +9,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from delaycomm import _C, _ddp, _fsdp, _nccl, _owners, _registry
+from delaycomm import _C, _ddp, _fsdp, _nccl, _owners, _registry, timeline
 from delaycomm._agree import agree
 from delaycomm._config import OPTIONS, EffectiveConfig, GroupView, format_value, group_seed, invalid_value, resolve
 from delaycomm._stats import file as statsfile
@@ -90,6 +90,7 @@ def create_backend(dist_opts, pg_options):
 
     _registry.add(group_name, backend, cfg)
     statsfile.arm(group_name, stats, backend)
+    timeline.arm(cfg.trace, cfg.trace_events, members[rank], world)  # DELAYCOMM_TRACE (docs/telemetry.md)
     logger.info(
         "delaycomm: group %r rank %d/%d: %s",
         group_name,

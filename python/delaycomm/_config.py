@@ -391,6 +391,30 @@ _STATS_ACCEPTED = (
 )
 
 
+def _parse_trace(v: Any) -> str | None:
+    """The DELAYCOMM_TRACE path template ({rank}, {restart}); its directory must exist (docs/telemetry.md)."""
+    accepted = "'none' or a JSON file path, {rank} for the global rank (docs/telemetry.md, 'Timeline')"
+    if isinstance(v, os.PathLike):
+        v = os.fspath(v)
+    if not isinstance(v, str):
+        raise _Invalid(accepted)
+    s = v.strip()
+    if s.lower() == "none":
+        return None
+    if "\0" in s or os.path.isdir(s) or s.endswith(os.sep):
+        raise _Invalid(accepted, "a file path is expected")
+    try:
+        fields = {f for _, f, _, _ in string.Formatter().parse(s) if f is not None}
+    except ValueError:
+        raise _Invalid(accepted, "unbalanced braces (write {{ and }} for literal ones)") from None
+    if fields - {"rank", "restart"}:
+        raise _Invalid(accepted, f"unknown placeholder(s) {', '.join(sorted(fields - {'rank', 'restart'}))}")
+    directory = os.path.dirname(os.path.abspath(s))
+    if "{" not in directory and not os.path.isdir(directory):
+        raise _Invalid(accepted, f"the directory {directory!r} does not exist")
+    return s
+
+
 def _parse_stats(v: Any) -> str | None:
     """The stats path template; checked for its form here, for writability when a group is created."""
     if isinstance(v, os.PathLike):
@@ -665,6 +689,22 @@ OPTIONS: tuple[Option, ...] = (
         "none",
         "where each rank writes its groups' stats as JSON when they are destroyed: a file ({rank}, {group}) or "
         "a directory",
+        must_match=False,
+    ),
+    # --- DELAYCOMM_TRACE: the job's timeline (docs/telemetry.md, "Timeline"; delaycomm/timeline.py) ---
+    Option(
+        "trace",
+        _parse_trace,
+        "none",
+        "where each rank writes its timeline of calls, delays and stale decisions (Chrome trace JSON, {rank}); "
+        "python -m delaycomm timeline merges the ranks'",
+        must_match=False,
+    ),
+    Option(
+        "trace_events",
+        _parse_int(1, 1 << 26, "an integer in [1, 67108864]"),
+        100000,
+        "records the timeline keeps per rank: the newest (a ring buffer; about 100 bytes each in memory)",
         must_match=False,
     ),
 )

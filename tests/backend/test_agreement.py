@@ -117,7 +117,7 @@ HEAD = (
     "delaycomm: group '0': the ranks give different values to options that must be the same on every rank "
     "(every rank of the group raises this error):\n"
 )
-TAIL = "\ngive each of them one value on every rank (options that may differ per rank: stats)"
+TAIL = "\ngive each of them one value on every rank (options that may differ per rank: stats, trace, trace_events)"
 
 
 def _attempts(rank, world, cases, rdzv):

@@ -416,7 +416,7 @@ def test_cli_shows_effective_config_and_sources(monkeypatch, capsys):
     assert data["config"]["ema_alpha"] == 0.25
     assert data["sources"]["ema_alpha"] == "environment (DELAYCOMM_EMA_ALPHA)"
     assert data["nccl"]["NCCL_ALGO"]["value"] == "allreduce:tree"
-    assert data["must_match"] == {o.name: o.name != "stats" for o in OPTIONS}
+    assert data["must_match"] == {o.name: o.name not in ("stats", "trace", "trace_events") for o in OPTIONS}
     from delaycomm.__main__ import main
 
     monkeypatch.setenv("DELAYCOMM_EMA_ALPHA", "0.25")

@@ -127,6 +127,9 @@ def on_shutdown(group_name: str, path: str | None, backend) -> None:
         with _lock:
             _due.pop(group_name, None)
     _registry.remove(group_name, backend)
+    from delaycomm import timeline  # DELAYCOMM_TRACE: the timeline so far (docs/telemetry.md, "Timeline")
+
+    timeline.on_shutdown()
     if backend is not None and path is not None:
         try:
             write(path, group_name, backend)

@@ -9,6 +9,7 @@ sources and scales each class to that scale.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import math
 import os
@@ -17,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from delaycomm import _schema, costmodel
+from delaycomm.sources import injected
 from delaycomm.sources.histogram import Pools, class_entry, size_class_bytes
 from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op
 from delaycomm.sources.read import (
@@ -161,8 +163,15 @@ def build_profile(
             f"delaycomm: profile: --ranks re-targets nccl-tests logs and traces; {stats[0]!r} is delaycomm stats "
             "(latency measured by delaycomm is not re-targeted: build it into a profile of its own)"
         )
-    sources = [_read(p, opt, kinds[p]) for p in others]
     report: list[str] = []
+    traces = [p for p in others if kinds[p] == "kineto"]
+    for p in traces:  # calls the trace lost, and the injected delay (sources/injected.py)
+        report.extend(injected.audit(p))
+    if opt.without_injected and traces:
+        taken, lines = injected.corrections(traces)
+        report.extend(lines)
+        opt = dataclasses.replace(opt, injected=taken)
+    sources = [_read(p, opt, kinds[p]) for p in others]
     retarget_meta = model = None
     if opt.ranks is not None:
         samples, retarget_meta, model = _retarget(sources, opt)
@@ -186,6 +195,7 @@ def build_profile(
     if not ops:
         raise SourceError(
             f"delaycomm: profile: the sources hold no call of known size ({', '.join(others)}): nothing to replay"
+            + "".join(f"; {line}" for line in report if "missing from the trace" in line)
         )
     for s in sources:
         report.extend(s.warnings)
@@ -380,6 +390,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "by default it is read with a warning naming the rows",
     )
     g.add_argument(
+        "--without-injected",
+        action="store_true",
+        help="take the delay delaycomm injected (its delaycomm:delay spans) out of the calls of its own traces; "
+        "give every rank's trace (docs/telemetry.md)",
+    )
+    g.add_argument(
         "--trace-gpus-per-node",
         type=argtypes.integer(1, 1024),
         default=8,
@@ -416,4 +432,5 @@ def options_from(args: argparse.Namespace) -> Options:
         source_ranks=getattr(args, "source_ranks", None),
         source_nodes=getattr(args, "source_nodes", None),
         strict=bool(getattr(args, "strict", False)),
+        without_injected=getattr(args, "without_injected", False),
     )

@@ -186,8 +186,9 @@ class _Threads:
         return sorted(out, key=lambda e: e["ts"], reverse=True)
 
 
-def read_trace(path: str) -> Trace:
-    """The calls of the trace at ``path``.
+def read_trace(path: str, injected: dict | None = None) -> Trace:
+    """The calls of the trace at ``path``; ``injected``: microseconds to take from gloo events by ``(pid, tid, ts)``
+    (``--without-injected``, sources/injected.py).
 
     Raises:
         KinetoError: the file is unreadable, not JSON, or not a Kineto trace.
@@ -207,13 +208,13 @@ def read_trace(path: str) -> Trace:
         nccl_version=info.get("nccl_version")[:40] if isinstance(info.get("nccl_version"), str) else None,
     )
     try:
-        _calls(path, events, trace)
+        _calls(path, events, trace, injected)
     except _BadValue as e:
         raise KinetoError(str(e)) from None
     return trace
 
 
-def _calls(path: str, events: list, trace: Trace) -> None:
+def _calls(path: str, events: list, trace: Trace, injected: dict | None = None) -> None:
     """The trace's calls into ``trace`` (module docstring)."""
     kernels, gloo, by_external, launches = [], [], {}, {}
     cpu_by_thread: dict[tuple, list[dict]] = defaultdict(list)
@@ -270,7 +271,8 @@ def _calls(path: str, events: list, trace: Trace) -> None:
         except _BadValue as bad:
             raise _BadValue(f"{_where(path, i, e)}: {bad}") from None
         why = None if nbytes is not None else f"the {e['name'][:60]} event has no tensor Input Dims/Input type"
-        trace.calls.append(Call(op, nbytes, float(e["dur"]) * 1e3, None, "gloo event", why))
+        taken = (injected or {}).get((e.get("pid"), e.get("tid"), e["ts"]), 0.0)
+        trace.calls.append(Call(op, nbytes, (float(e["dur"]) - taken) * 1e3, None, "gloo event", why))
 
 
 def _key(v: object) -> object:

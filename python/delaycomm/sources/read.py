@@ -41,6 +41,9 @@ class Options:
     source_ranks: int | None = None  # --source-ranks/--source-nodes: the sources' scale, where they do not say it
     source_nodes: int | None = None
     strict: bool = False  # --strict: a log whose validation failed is refused, not warned about
+    # --without-injected: per trace, microseconds to take from each backend event (sources/injected.py)
+    without_injected: bool = False
+    injected: dict | None = None
 
 
 @dataclass
@@ -313,7 +316,7 @@ def _read_nccl_tests(path: str, opt: Options) -> Source:
 
 def _read_kineto(path: str, opt: Options) -> Source:
     try:
-        tr = kineto.read_trace(path)
+        tr = kineto.read_trace(path, (opt.injected or {}).get(path))
     except kineto.KinetoError as e:
         raise SourceError(f"delaycomm: profile: {e}") from None
     gpn = opt.trace_gpus_per_node
