@@ -28,10 +28,10 @@ struct ParamEntry {
 struct ConsumerEntry {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> params;
   std::vector<Ranges> ranges;
-  // Its stream's last reduction (openReduction): each parameter's first fate after it, set by the first optimizer
-  // event that touches the parameter (a later event does not change it).
-  bool open = false;
-  std::vector<Fate> first;
+  // Each of its streams' last reduction (openReduction, by the stream's key: streams of one layout share the
+  // consumer): each parameter's first fate after it, set by the first optimizer event that touches the parameter
+  // (a later event does not change it).
+  std::map<uint64_t, std::vector<Fate>> open;
 };
 
 void settle(ParamEntry& e, Fate fate);
@@ -47,6 +47,7 @@ struct DdpEntry {
 std::mutex ownersMutex;
 std::unordered_map<const c10::TensorImpl*, ParamEntry> paramTable;
 std::vector<ConsumerEntry> consumerTable;
+std::unordered_map<uint64_t, int64_t> openConsumerOf;  // stream key -> the consumer of its last reduction
 std::map<int64_t, DdpEntry> ddpTable;
 uint64_t optimizerSteps = 0;  // optimizer events: steps, skips, zero_grads
 uint64_t reductions = 0;
@@ -81,9 +82,10 @@ ParamEntry& paramEntryOf(const at::Tensor& t) {
 // The first optimizer event after a consumer's reduction settles each of its parameters' fate.
 void settle(ParamEntry& e, Fate fate) {
   for (const auto& [id, index] : e.consumers) {
-    ConsumerEntry& c = consumerTable[static_cast<size_t>(id)];
-    if (c.open && index < c.first.size() && c.first[index] == Fate::kOpen) {
-      c.first[index] = fate;
+    for (auto& [key, first] : consumerTable[static_cast<size_t>(id)].open) {
+      if (index < first.size() && first[index] == Fate::kOpen) {
+        first[index] = fate;
+      }
     }
   }
 }
@@ -154,22 +156,29 @@ uint64_t stepCount() {
   return optimizerSteps;
 }
 
-void openReduction(int64_t consumer) {
-  std::lock_guard<std::mutex> lock(ownersMutex);
-  if (consumer >= 0 && consumer < static_cast<int64_t>(consumerTable.size())) {
-    ConsumerEntry& c = consumerTable[static_cast<size_t>(consumer)];
-    c.open = true;
-    c.first.assign(c.params.size(), Fate::kOpen);
-  }
-}
-
-std::optional<std::vector<Fate>> fates(int64_t consumer) {
+void openReduction(int64_t consumer, uint64_t stream) {
   std::lock_guard<std::mutex> lock(ownersMutex);
   if (consumer < 0 || consumer >= static_cast<int64_t>(consumerTable.size())) {
+    return;
+  }
+  // A stream whose owner registered its layout anew (DDP rebuilding its buckets) keeps its key: its record moves.
+  if (auto it = openConsumerOf.find(stream); it != openConsumerOf.end() && it->second != consumer) {
+    consumerTable[static_cast<size_t>(it->second)].open.erase(stream);
+  }
+  openConsumerOf[stream] = consumer;
+  ConsumerEntry& c = consumerTable[static_cast<size_t>(consumer)];
+  c.open[stream].assign(c.params.size(), Fate::kOpen);
+}
+
+std::optional<std::vector<Fate>> fates(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  const auto at = openConsumerOf.find(stream);
+  if (at == openConsumerOf.end()) {
     return std::nullopt;
   }
-  const ConsumerEntry& c = consumerTable[static_cast<size_t>(consumer)];
-  std::vector<Fate> out = c.open ? c.first : std::vector<Fate>(c.params.size(), Fate::kOpen);
+  const ConsumerEntry& c = consumerTable[static_cast<size_t>(at->second)];
+  const auto it = c.open.find(stream);
+  std::vector<Fate> out = it != c.open.end() ? it->second : std::vector<Fate>(c.params.size(), Fate::kOpen);
   for (size_t i = 0; i < out.size(); ++i) {
     if (c.params[i].expired()) {
       out[i] = Fate::kOpen;  // a parameter whose tensor died
@@ -186,8 +195,8 @@ std::vector<Ranges> rangesOf(int64_t consumer) {
   return consumerTable[static_cast<size_t>(consumer)].ranges;
 }
 
-bool consumedSince(int64_t consumer) {
-  const auto fs = fates(consumer);
+bool consumedSince(uint64_t stream) {
+  const auto fs = fates(stream);
   return fs && std::all_of(fs->begin(), fs->end(), [](Fate f) { return f == Fate::kTaken; });
 }
 

@@ -55,15 +55,16 @@ uint64_t stepCount();
 // What became of a parameter's gradient after its stream's last reduction: consumed by a step, thrown away, or
 // neither yet. The first optimizer event that touches the parameter after openReduction settles it.
 enum class Fate : uint8_t { kOpen, kTaken, kSkipped };
-// The consumer's stream was reduced (its parameters' fates start open).
-void openReduction(int64_t consumer);
-// Each parameter's fate since the consumer's last openReduction, in the consumer's order; nullopt when the consumer
-// is unknown. A parameter whose tensor died is kOpen.
-std::optional<std::vector<Fate>> fates(int64_t consumer);
+// The consumer's stream (its key) was reduced: its parameters' fates start open.
+void openReduction(int64_t consumer, uint64_t stream);
+// Each parameter's fate since the stream's last openReduction, in the order of that reduction's consumer (the same
+// parameters when the owner registered its layout anew); nullopt when the stream has none. A parameter whose tensor
+// died is kOpen.
+std::optional<std::vector<Fate>> fates(uint64_t stream);
 // The consumer's parameters' ranges (empty: not known).
 std::vector<Ranges> rangesOf(int64_t consumer);
-// Whether an optimizer step consumed every parameter of `consumer` since its last openReduction.
-bool consumedSince(int64_t consumer);
+// Whether an optimizer step consumed every parameter of `consumer` since the stream's last openReduction.
+bool consumedSince(uint64_t stream);
 
 // The loss scale of the gradients reduced from now on (GradScaler.scale; 1 without one), and whether a GradScaler
 // was seen at all (the engine then checks each deferred contribution for infs).

@@ -60,7 +60,7 @@ StalenessEngine::Admission StalenessEngine::admit(const std::string& name, const
   // (a skipped step, .grad None, zero_grad with no step) before this one; else kept fresh from now on.
   std::string why;
   if (w.calls > 0 && !shadow) {
-    const auto fates = owners::fates(consumer);
+    const auto fates = owners::fates(a.key);
     if (!fates || std::any_of(fates->begin(), fates->end(), [](owners::Fate f) { return f == owners::Fate::kOpen; })) {
       why = "it was reduced again before an optimizer step consumed (or a skipped step threw away) its last result";
     } else if (!resolveLocked(stream, *fates)) {
@@ -91,7 +91,7 @@ StalenessEngine::Admission StalenessEngine::admit(const std::string& name, const
   ++w.calls;
   w.stepAt = owners::stepCount();
   if (!shadow) {
-    owners::openReduction(consumer);
+    owners::openReduction(consumer, a.key);
   }
   a.admitted = true;
   a.mayDefer = static_cast<int64_t>(w.passes) >= options_.probationCalls;
@@ -526,7 +526,7 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
     mine.digest = digest_.value();
     mine.checkpoints = digest_.checkpoints();
     for (auto& [key, stream] : keys_.streams()) {
-      resolveAtFlushLocked(stream);
+      resolveAtFlushLocked(key, stream);
       if (stream.arrivals.empty() && !stream.carryPending) {
         continue;  // nothing in flight anywhere (this rank's own deferred ones are in flight too)
       }
@@ -636,11 +636,11 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::withReferencesLocked(
 
 // At flush, a recognised stream's last reduction is resolved as an optimizer event resolved it; one not resolved
 // yet (flush before the step) counts as taken: what landed on it is in .grad.
-void StalenessEngine::resolveAtFlushLocked(KeyTable::Stream& stream) {
+void StalenessEngine::resolveAtFlushLocked(uint64_t key, KeyTable::Stream& stream) {
   if (!stream.open.active || stream.watch.fresh) {
     return;
   }
-  auto fates = owners::fates(stream.consumer);
+  auto fates = owners::fates(key);
   if (fates) {
     for (auto& f : *fates) {
       f = f == owners::Fate::kOpen ? owners::Fate::kTaken : f;

@@ -168,7 +168,7 @@ class StalenessEngine {
   // The rule (docs/staleness.md): resolves a recognised stream's last reduction by its parameters' fates.
   bool resolveLocked(KeyTable::Stream& stream, const std::vector<owners::Fate>& fates);
   void discardDeferredLocked(KeyTable::Stream& stream, uint64_t origin, bool all, const owners::Ranges& skipped);
-  void resolveAtFlushLocked(KeyTable::Stream& stream);
+  void resolveAtFlushLocked(uint64_t key, KeyTable::Stream& stream);
   std::vector<FlushStream> withReferencesLocked(std::vector<FlushStream> out);
   void recordLocked(int64_t nFresh, const std::vector<KeyTable::Arrival>& arriving, Warnings& warnings);
   // The SSP gate (no lock): waits waitNs, or raises when the group closes meanwhile.
