@@ -161,6 +161,9 @@ class DelayBackend : public c10d::Backend {
   // A SUM all-reduce that is part of flush (HSDP's and HYBRID_SHARD's all-reduce of a flushed shard across the
   // replicas, python/delaycomm/_fsdp.py): no staleness and no delay, like flush's own reductions. Waits for it.
   void flushAllreduce(at::Tensor& tensor);
+  // One reduction of flush (SUM all-reduce, or reduce-scatter: this rank's shard), no staleness, no delay; waits for
+  // it.
+  at::Tensor flushReduce(at::Tensor local, bool scatter);
   // (this rank's pending stale contributions, the group's); zeros under bsp.
   std::pair<int64_t, int64_t> stalePending() const;
   // The stale:fresh ratio over the engine's recent window; 0 under bsp.

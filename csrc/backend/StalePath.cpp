@@ -128,7 +128,10 @@ void DelayBackend::keptFresh(OpKind op, const std::vector<at::Tensor>& tensors, 
     }
   });
   auto& warned = freshWarned_[static_cast<size_t>(route.reason)];
-  if (warned.exchange(true) || !stale_->onWarn) {
+  // The runtime check warns once per stream that fails it (its detail is set at that one failure), not per reason:
+  // each stream kept fresh is named.
+  const bool perStream = route.reason == GradientRecognizer::Reason::kNotConsumed;
+  if ((perStream ? route.detail.empty() : warned.exchange(true)) || !stale_->onWarn) {
     return;
   }
   std::ostringstream msg;
@@ -144,8 +147,8 @@ void DelayBackend::keptFresh(OpKind op, const std::vector<at::Tensor>& tensors, 
     msg << " (" << route.detail << ")";
   }
   msg << ". Reductions kept fresh are counted in delaycomm.stats()['ops']['" << opName(op)
-      << "']['kept_fresh_calls']; this is not warned again for this reason (docs/staleness.md, \"Which reductions "
-         "go stale\")";
+      << "']['kept_fresh_calls']; this is not warned again for this " << (perStream ? "stream" : "reason")
+      << " (docs/staleness.md, \"Which reductions go stale\")";
   stale_->onWarn(msg.str());
 }
 
@@ -182,33 +185,40 @@ std::vector<StalenessEngine::FlushStream> DelayBackend::flush() {
   // The ranks agree first (every rank gets the same streams, or the same error), so every rank issues the same
   // reductions here, in key order.
   for (auto& stream : stale_->takeFlush()) {
-    at::Tensor& local = stream.local;
-    if (stream.scatter) {
-      // A reduce-scatter stream: one SUM reduce-scatter delivers this rank's shard of everything pending (what
-      // the stream's next steps would have delivered to it), with the bytes of the stream's own reduce-scatter.
-      at::Tensor shard = at::empty({local.numel() / getSize()}, local.options());
-      auto work = run(
-          OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
-          [shard, local](c10d::Backend& b) mutable {
-            c10d::ReduceScatterOptions sumOpts;
-            return b._reduce_scatter_base(shard, local, sumOpts);
-          },
-          true, /*applyDelay=*/false);
-      work->wait(injector_->timeout());
-      stream.local = shard;
-      out.push_back(std::move(stream));
-      continue;
+    if (stream.local.defined()) {
+      stream.local = flushReduce(stream.local, stream.scatter);
     }
-    std::vector<at::Tensor> tensors{local};
-    c10d::AllreduceOptions opts;
-    auto work = run(
-        OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
-        [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
-        /*applyDelay=*/false);
-    work->wait(injector_->timeout());
+    if (stream.reference.defined()) {  // stale_check: what bsp would have delivered
+      stream.reference = flushReduce(stream.reference, stream.scatter);
+    }
     out.push_back(std::move(stream));
   }
   return out;
+}
+
+at::Tensor DelayBackend::flushReduce(at::Tensor local, bool scatter) {
+  if (scatter) {
+    // A reduce-scatter stream: one SUM reduce-scatter delivers this rank's shard of everything pending (what the
+    // stream's next steps would have delivered to it), with the bytes of the stream's own reduce-scatter.
+    at::Tensor shard = at::empty({local.numel() / getSize()}, local.options());
+    auto work = run(
+        OpKind::kReduceScatterBase, local.device(), bytesOf(local), {shard},
+        [shard, local](c10d::Backend& b) mutable {
+          c10d::ReduceScatterOptions sumOpts;
+          return b._reduce_scatter_base(shard, local, sumOpts);
+        },
+        true, /*applyDelay=*/false);
+    work->wait(injector_->timeout());
+    return shard;
+  }
+  std::vector<at::Tensor> tensors{local};
+  c10d::AllreduceOptions opts;
+  auto work = run(
+      OpKind::kAllreduce, local.device(), bytesOf(tensors), tensors,
+      [tensors, opts](c10d::Backend& b) mutable { return b.allreduce(tensors, opts); }, true,
+      /*applyDelay=*/false);
+  work->wait(injector_->timeout());
+  return local;
 }
 
 void DelayBackend::flushAllreduce(at::Tensor& tensor) {

@@ -162,7 +162,8 @@ void bindOptions(py::module_& m) {
       .def_readwrite("alpha", &StalenessOptions::alpha)
       .def_readwrite("step_ms", &StalenessOptions::stepMs)
       .def_readwrite("max_pending", &StalenessOptions::maxPending)
-      .def_readwrite("update_stats", &StalenessOptions::updateStats);
+      .def_readwrite("update_stats", &StalenessOptions::updateStats)
+      .def_readwrite("check", &StalenessOptions::check);
 
   py::class_<DelayOptions> delay(m, "DelayOptions", "The delay injector's typed, validated settings.");
   delay.def(py::init<>())
@@ -238,12 +239,14 @@ void bindBackend(py::module_& m) {
             }
             py::list out;
             for (auto& s : streams) {
-              out.append(py::make_tuple(s.key, s.local, s.consumer, s.scatter, s.name));
+              py::object local = s.local.defined() ? py::cast(s.local) : py::none();
+              py::object reference = s.reference.defined() ? py::cast(s.reference) : py::none();
+              out.append(py::make_tuple(s.key, local, s.consumer, s.scatter, s.name, reference));
             }
             return out;
           },
-          "Deliver every pending stale contribution (collective); returns [(key, delivered sum, consumer id, "
-          "reduce-scatter, stream name)].")
+          "Deliver every pending stale contribution (collective); returns [(key, delivered sum or None, consumer id, "
+          "reduce-scatter, stream name, stale_check's reference or None)].")
       .def("flush_allreduce", &DelayBackend::flushAllreduce, py::arg("tensor"),
            py::call_guard<py::gil_scoped_release>(),
            "A SUM all-reduce that is part of flush (no staleness, no delay); waits for it.")

@@ -48,7 +48,19 @@ void bindStale(py::module_& m) {
   m.def("_stale_consumer", &owners::addConsumer, py::arg("params"),
         "Registers the parameters one stream's result lands on; returns the consumer's id.");
   m.def("_stale_optimizer_stepped", &owners::optimizerStepped, py::arg("params"),
-        "An optimizer step consumed these parameters' gradients.");
+        py::arg("skipped") = std::vector<at::Tensor>{},
+        "An optimizer step consumed these parameters' gradients (and skipped those of `skipped`: .grad None).");
+  // ---- the rule (docs/staleness.md, "The rule") ----
+  m.def("_stale_optimizer_skipped", &owners::optimizerSkipped, py::arg("params"),
+        "A step that threw these parameters' gradients away (GradScaler found an inf).");
+  m.def("_stale_grads_discarded", &owners::gradsDiscarded, py::arg("params"),
+        "zero_grad of these parameters: what they held is thrown away if no step consumed it since the last one.");
+  m.def("_stale_consumer_ranges", &owners::setRanges, py::arg("consumer"), py::arg("ranges"),
+        "Each parameter's [(offset, numel)] in the consumer's stream tensor.");
+  m.def("_stale_set_loss_scale", &owners::setLossScale, py::arg("scale"),
+        "The loss scale of the gradients reduced from now on (GradScaler.scale).");
+  m.def("_stale_loss_scale", &owners::lossScale, "The current loss scale (1 without a GradScaler).");
+  m.def("_stale_reductions", &owners::reductionCount, "Recognised reductions admitted so far.");
   m.def(
       "_stale_scope_enter",
       [](const std::string& kind, const std::string& stream, int64_t numel, int64_t consumer, int64_t ddp,

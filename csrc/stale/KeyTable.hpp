@@ -41,6 +41,24 @@ class KeyTable {
     uint64_t due;
     uint64_t origin;
     at::Tensor tensor;
+    double scale = 1.0;  // the loss scale it was computed at (GradScaler; 1 without one)
+  };
+  // A contribution this rank added to a step (or carries to the next): its tensor, the weight it was added with
+  // at its landing step, and the loss scale it was computed at.
+  struct Term {
+    at::Tensor tensor;
+    double weight = 1.0;
+    double scale = 1.0;
+  };
+  // A recognised stream's last reduction until an optimizer event resolves it (docs/staleness.md, "The rule"):
+  // what landed on it (carried to the next step taken when its step is skipped), and this rank's fresh gradient,
+  // unscaled (the conservation check's reference, kept when its step is taken).
+  struct Open {
+    bool active = false;
+    uint64_t step = 0;
+    std::vector<Term> landed;
+    bool hadArrivals = false;  // global: contributions landed on it (this rank's own may be none)
+    at::Tensor fresh;          // stale_check only
   };
   // step_ms=auto: the intervals between consecutive calls of one stream (stale/StepClock.hpp).
   struct CallTimes {
@@ -75,11 +93,17 @@ class KeyTable {
     std::string scope;                  // set for recognised streams: the stream's name
     int64_t consumer = -1;              // recognised streams: the parameters its result lands on (stale/Owners.hpp)
     Watch watch;                        // recognised streams
+    Open open;                          // recognised streams: the last reduction, until resolved
+    std::vector<Term> carry;            // what landed on a skipped step, for the next reduction (or flush)
+    bool carryPending = false;          // global: a skipped step had contributions landed on it
+    at::Tensor produced;                // stale_check: this rank's fresh gradients of the steps taken, unscaled
     CallTimes times;                    // step_ms=auto, until one stream has calibrated
     std::list<uint64_t>::iterator lru;  // position in the table's LRU list
 
     int64_t pendingGlobal() const;
-    bool holdsPending() const { return !mine.empty() || !arrivals.empty(); }
+    bool holdsPending() const {
+      return !mine.empty() || !arrivals.empty() || !carry.empty() || !open.landed.empty() || produced.defined();
+    }
   };
 
   KeyTable(int size, int64_t maxKeys);

@@ -2,6 +2,8 @@
 
 #include "stale/Owners.hpp"
 
+#include <algorithm>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <unordered_map>
@@ -15,14 +17,24 @@ namespace {
 struct ParamEntry {
   explicit ParamEntry(c10::weak_intrusive_ptr<c10::TensorImpl> r) : ref(std::move(r)) {}
   c10::weak_intrusive_ptr<c10::TensorImpl> ref;
-  uint64_t lastStep = 0;  // the optimizer step count after the last step that consumed it (0: never)
-  int64_t ddp = -1;       // the DDP whose reducer holds it, and its bucket there
+  uint64_t lastStep = 0;  // the event count of the last step that consumed it (0: never)
+  uint64_t lastSkip = 0;  // the event count of the last step that threw its gradient away (0: never)
+  uint64_t lastZero = 0;  // the event count of its last zero_grad
+  std::vector<std::pair<int64_t, size_t>> consumers;  // (consumer, the parameter's index there)
+  int64_t ddp = -1;                                   // the DDP whose reducer holds it, and its bucket there
   int64_t bucket = -1;
 };
 
 struct ConsumerEntry {
   std::vector<c10::weak_intrusive_ptr<c10::TensorImpl>> params;
+  std::vector<Ranges> ranges;
+  // Each of its streams' last reduction (openReduction, by the stream's key: streams of one layout share the
+  // consumer): each parameter's first fate after it, set by the first optimizer event that touches the parameter
+  // (a later event does not change it).
+  std::map<uint64_t, std::vector<Fate>> open;
 };
+
+void settle(ParamEntry& e, Fate fate);
 
 struct DdpEntry {
   std::string group;
@@ -35,8 +47,12 @@ struct DdpEntry {
 std::mutex ownersMutex;
 std::unordered_map<const c10::TensorImpl*, ParamEntry> paramTable;
 std::vector<ConsumerEntry> consumerTable;
+std::unordered_map<uint64_t, int64_t> openConsumerOf;  // stream key -> the consumer of its last reduction
 std::map<int64_t, DdpEntry> ddpTable;
-uint64_t optimizerSteps = 0;
+uint64_t optimizerSteps = 0;  // optimizer events: steps, skips, zero_grads
+uint64_t reductions = 0;
+std::atomic<double> currentLossScale{1.0};
+std::atomic<bool> sawScaler{false};
 
 thread_local std::vector<Scope> tlsOwnerScopes;
 thread_local std::vector<int64_t> tlsShadows;
@@ -63,24 +79,75 @@ ParamEntry& paramEntryOf(const at::Tensor& t) {
       .first->second;
 }
 
+// The first optimizer event after a consumer's reduction settles each of its parameters' fate.
+void settle(ParamEntry& e, Fate fate) {
+  for (const auto& [id, index] : e.consumers) {
+    for (auto& [key, first] : consumerTable[static_cast<size_t>(id)].open) {
+      if (index < first.size() && first[index] == Fate::kOpen) {
+        first[index] = fate;
+      }
+    }
+  }
+}
+
 }  // namespace
 
 int64_t addConsumer(const std::vector<at::Tensor>& ps) {
   std::lock_guard<std::mutex> lock(ownersMutex);
   ConsumerEntry c;
-  for (const auto& p : ps) {
-    paramEntryOf(p);
-    c.params.emplace_back(p.getIntrusivePtr());
+  const auto id = static_cast<int64_t>(consumerTable.size());
+  for (size_t i = 0; i < ps.size(); ++i) {
+    paramEntryOf(ps[i]).consumers.emplace_back(id, i);
+    c.params.emplace_back(ps[i].getIntrusivePtr());
   }
   consumerTable.push_back(std::move(c));
   return static_cast<int64_t>(consumerTable.size()) - 1;
 }
 
-void optimizerStepped(const std::vector<at::Tensor>& ps) {
+void setRanges(int64_t consumer, const std::vector<Ranges>& ranges) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  if (consumer >= 0 && consumer < static_cast<int64_t>(consumerTable.size()) &&
+      ranges.size() == consumerTable[static_cast<size_t>(consumer)].params.size()) {
+    consumerTable[static_cast<size_t>(consumer)].ranges = ranges;
+  }
+}
+
+void optimizerStepped(const std::vector<at::Tensor>& consumed, const std::vector<at::Tensor>& skipped) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  ++optimizerSteps;
+  for (const auto& p : consumed) {
+    ParamEntry& e = paramEntryOf(p);
+    e.lastStep = optimizerSteps;
+    settle(e, Fate::kTaken);
+  }
+  for (const auto& p : skipped) {
+    ParamEntry& e = paramEntryOf(p);
+    e.lastSkip = optimizerSteps;
+    settle(e, Fate::kSkipped);
+  }
+}
+
+void optimizerSkipped(const std::vector<at::Tensor>& ps) {
   std::lock_guard<std::mutex> lock(ownersMutex);
   ++optimizerSteps;
   for (const auto& p : ps) {
-    paramEntryOf(p).lastStep = optimizerSteps;
+    ParamEntry& e = paramEntryOf(p);
+    e.lastSkip = optimizerSteps;
+    settle(e, Fate::kSkipped);
+  }
+}
+
+void gradsDiscarded(const std::vector<at::Tensor>& ps) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  ++optimizerSteps;
+  for (const auto& p : ps) {
+    ParamEntry& e = paramEntryOf(p);
+    // No step consumed (or skipped) it since its last zero_grad: what it held was thrown away.
+    if (e.lastStep <= e.lastZero && e.lastSkip <= e.lastZero) {
+      e.lastSkip = optimizerSteps;
+      settle(e, Fate::kSkipped);
+    }
+    e.lastZero = optimizerSteps;
   }
 }
 
@@ -89,19 +156,71 @@ uint64_t stepCount() {
   return optimizerSteps;
 }
 
-bool consumedSince(int64_t consumer, uint64_t since) {
+void openReduction(int64_t consumer, uint64_t stream) {
   std::lock_guard<std::mutex> lock(ownersMutex);
   if (consumer < 0 || consumer >= static_cast<int64_t>(consumerTable.size())) {
-    return false;
+    return;
   }
-  for (const auto& weak : consumerTable[static_cast<size_t>(consumer)].params) {
-    const auto strong = weak.lock();
-    const ParamEntry* e = strong ? liveParamEntry(strong.get()) : nullptr;
-    if (e == nullptr || e->lastStep <= since) {
-      return false;
+  // A stream whose owner registered its layout anew (DDP rebuilding its buckets) keeps its key: its record moves.
+  if (auto it = openConsumerOf.find(stream); it != openConsumerOf.end() && it->second != consumer) {
+    consumerTable[static_cast<size_t>(it->second)].open.erase(stream);
+  }
+  openConsumerOf[stream] = consumer;
+  ConsumerEntry& c = consumerTable[static_cast<size_t>(consumer)];
+  c.open[stream].assign(c.params.size(), Fate::kOpen);
+}
+
+std::optional<std::vector<Fate>> fates(uint64_t stream) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  const auto at = openConsumerOf.find(stream);
+  if (at == openConsumerOf.end()) {
+    return std::nullopt;
+  }
+  const ConsumerEntry& c = consumerTable[static_cast<size_t>(at->second)];
+  const auto it = c.open.find(stream);
+  std::vector<Fate> out = it != c.open.end() ? it->second : std::vector<Fate>(c.params.size(), Fate::kOpen);
+  for (size_t i = 0; i < out.size(); ++i) {
+    if (c.params[i].expired()) {
+      out[i] = Fate::kOpen;  // a parameter whose tensor died
     }
   }
-  return true;
+  return out;
+}
+
+std::vector<Ranges> rangesOf(int64_t consumer) {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  if (consumer < 0 || consumer >= static_cast<int64_t>(consumerTable.size())) {
+    return {};
+  }
+  return consumerTable[static_cast<size_t>(consumer)].ranges;
+}
+
+bool consumedSince(uint64_t stream) {
+  const auto fs = fates(stream);
+  return fs && std::all_of(fs->begin(), fs->end(), [](Fate f) { return f == Fate::kTaken; });
+}
+
+void setLossScale(double scale) {
+  currentLossScale.store(scale, std::memory_order_relaxed);
+  sawScaler.store(true, std::memory_order_relaxed);
+}
+
+double lossScale() {
+  return currentLossScale.load(std::memory_order_relaxed);
+}
+
+bool scalerSeen() {
+  return sawScaler.load(std::memory_order_relaxed);
+}
+
+uint64_t reductionCount() {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  return reductions;
+}
+
+void countReduction() {
+  std::lock_guard<std::mutex> lock(ownersMutex);
+  ++reductions;
 }
 
 void enterScope(Scope scope) {

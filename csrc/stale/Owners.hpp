@@ -1,7 +1,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -20,7 +22,12 @@ namespace delaycomm::owners {
 //    buckets, ddpRound marks each forward that prepares a backward round, and matchDdpReduction recognises its bucket
 //    reductions from the parameter whose gradient accumulation launched them (the reducer launches a round's buckets
 //    once each, in index order);
-//  - optimizerStepped (torch.optim's global step post hook) records which parameters an optimizer step consumed.
+//  - optimizerStepped (torch.optim's global step post hook) records which parameters an optimizer step consumed (their
+//    .grad was not None) and which it skipped (.grad None); optimizerSkipped (GradScaler.step that found an inf)
+//    and gradsDiscarded (zero_grad after no step) record steps whose gradients were thrown away; the engine reads
+//    each parameter's fate since a stream's reduction (fates) to apply a contribution iff its own step's gradient
+//    was applied (docs/staleness.md, "The rule");
+//  - setLossScale (GradScaler.scale) records the loss scale the gradients reduced next are computed at.
 //
 // Stream names come from Python and name the owner in rank-invariant terms (the owner's ordinal in program order,
 // the bucket, its parameters' ordinals): every rank running the same program names the same streams. Parameters
@@ -28,14 +35,45 @@ namespace delaycomm::owners {
 //
 // Threads: scopes are the calling thread's; everything else is process-wide under one lock (any thread).
 
+// Element ranges [offset, offset + numel) of one parameter in its stream's reduced tensor.
+using Ranges = std::vector<std::pair<int64_t, int64_t>>;
+
 // Registers the parameters of one consumer; returns its id (process-local: never part of a stream's key).
 int64_t addConsumer(const std::vector<at::Tensor>& params);
-// An optimizer step consumed these parameters' gradients.
-void optimizerStepped(const std::vector<at::Tensor>& params);
-// Optimizer steps so far (any optimizer).
+// Sets each parameter's elements in the consumer's stream tensor (same order as its parameters). Without them (the
+// layout not known), a stream whose step is skipped for some of its parameters only is kept fresh.
+void setRanges(int64_t consumer, const std::vector<Ranges>& ranges);
+// An optimizer step consumed the gradients of `consumed` and skipped `skipped` (its parameters whose .grad was None).
+void optimizerStepped(const std::vector<at::Tensor>& consumed, const std::vector<at::Tensor>& skipped = {});
+// A step that threw these parameters' gradients away (GradScaler found an inf; zero_grad with no step since the
+// last zero_grad: gradsDiscarded).
+void optimizerSkipped(const std::vector<at::Tensor>& params);
+void gradsDiscarded(const std::vector<at::Tensor>& params);
+// Optimizer events so far (steps, skips; any optimizer).
 uint64_t stepCount();
-// Whether an optimizer step after step count `since` consumed every parameter of `consumer`.
-bool consumedSince(int64_t consumer, uint64_t since);
+
+// What became of a parameter's gradient after its stream's last reduction: consumed by a step, thrown away, or
+// neither yet. The first optimizer event that touches the parameter after openReduction settles it.
+enum class Fate : uint8_t { kOpen, kTaken, kSkipped };
+// The consumer's stream (its key) was reduced: its parameters' fates start open.
+void openReduction(int64_t consumer, uint64_t stream);
+// Each parameter's fate since the stream's last openReduction, in the order of that reduction's consumer (the same
+// parameters when the owner registered its layout anew); nullopt when the stream has none. A parameter whose tensor
+// died is kOpen.
+std::optional<std::vector<Fate>> fates(uint64_t stream);
+// The consumer's parameters' ranges (empty: not known).
+std::vector<Ranges> rangesOf(int64_t consumer);
+// Whether an optimizer step consumed every parameter of `consumer` since the stream's last openReduction.
+bool consumedSince(uint64_t stream);
+
+// The loss scale of the gradients reduced from now on (GradScaler.scale; 1 without one), and whether a GradScaler
+// was seen at all (the engine then checks each deferred contribution for infs).
+void setLossScale(double scale);
+double lossScale();
+bool scalerSeen();
+// Recognised reductions admitted so far (the conservation check's end: nothing reduced since a flush).
+uint64_t reductionCount();
+void countReduction();
 
 enum class ScopeKind : uint8_t {
   kDdpHook,    // a DDP communication hook running on one bucket

@@ -23,6 +23,7 @@ struct StalenessOptions {
   double stepMs = 0.0;       // <= 0: calibrated (step_ms=auto)
   int64_t maxPending = 64;   // asp: contributions in flight per key and rank before an error
   bool updateStats = false;  // update_stats: the opt-in update statistics (stats/UpdateStats.hpp)
+  bool check = false;        // stale_check: the conservation check's reference (docs/staleness.md, "The check")
 
   // Internal knobs (no option: tests and docs/staleness.md name them).
   int64_t calibrationSteps = 5;         // intervals of one key that calibrate step_ms=auto

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include <ATen/ATen.h>
@@ -54,10 +55,26 @@ StalenessEngine::Admission StalenessEngine::admit(const std::string& name, const
   if (w.fresh) {
     return a;
   }
-  if (w.calls > 0 && !shadow && !owners::consumedSince(consumer, w.stepAt)) {
+  owners::countReduction();
+  // The runtime check: every parameter's gradient of the last reduction was consumed by a step or thrown away
+  // (a skipped step, .grad None, zero_grad with no step) before this one; else kept fresh from now on.
+  std::string why;
+  if (w.calls > 0 && !shadow) {
+    const auto fates = owners::fates(a.key);
+    if (!fates || std::any_of(fates->begin(), fates->end(), [](owners::Fate f) { return f == owners::Fate::kOpen; })) {
+      why = "it was reduced again before an optimizer step consumed (or a skipped step threw away) its last result";
+    } else if (!resolveLocked(stream, *fates)) {
+      why =
+          "an optimizer step consumed the gradients of some of its parameters and not of others, and the layout of "
+          "its tensor is not known";
+    }
+  }
+  if (!why.empty()) {
     w.fresh = true;
+    stream.open = KeyTable::Open{};  // what landed on it stays in .grad with the gradients being accumulated
+    stream.produced = at::Tensor();  // the check leaves a stream kept fresh out
     std::ostringstream detail;
-    detail << keys_.describe(a.key) << ", at its reduction #" << w.calls << "; ";
+    detail << keys_.describe(a.key) << ", at its reduction #" << w.calls << ": " << why << "; ";
     if (w.deferred == 0) {
       detail << "none of its contributions had gone stale";
     } else {
@@ -73,9 +90,102 @@ StalenessEngine::Admission StalenessEngine::admit(const std::string& name, const
   }
   ++w.calls;
   w.stepAt = owners::stepCount();
+  if (!shadow) {
+    owners::openReduction(consumer, a.key);
+  }
   a.admitted = true;
   a.mayDefer = static_cast<int64_t>(w.passes) >= options_.probationCalls;
   return a;
+}
+
+namespace {
+
+void zeroRanges(const at::Tensor& t, const owners::Ranges& ranges) {
+  at::Tensor flat = t.view({-1});
+  for (const auto& [offset, n] : ranges) {
+    flat.narrow(0, offset, n).zero_();
+  }
+}
+
+}  // namespace
+
+// The rule (docs/staleness.md, "The rule"): a contribution is applied iff its own step's gradient is applied. The
+// stream's last reduction was resolved by optimizer events (fates, one per parameter, none open): where its step was
+// skipped, what landed on it is carried to the next reduction and what it deferred is discarded. Every rank
+// resolves alike (the events are the program's: GradScaler's found_inf is the same on every rank). Returns false
+// when the step was skipped for some parameters only and their layout is not known.
+bool StalenessEngine::resolveLocked(KeyTable::Stream& stream, const std::vector<owners::Fate>& fates) {
+  KeyTable::Open& o = stream.open;
+  if (!o.active) {
+    return true;
+  }
+  const auto taken = std::count(fates.begin(), fates.end(), owners::Fate::kTaken);
+  const bool allTaken = taken == static_cast<int64_t>(fates.size());
+  const bool allSkipped = taken == 0;
+  owners::Ranges takenRanges;
+  owners::Ranges skippedRanges;
+  if (!allTaken && !allSkipped) {
+    const auto ranges = owners::rangesOf(stream.consumer);
+    if (ranges.size() != fates.size()) {
+      return false;
+    }
+    for (size_t i = 0; i < fates.size(); ++i) {
+      auto& into = fates[i] == owners::Fate::kTaken ? takenRanges : skippedRanges;
+      into.insert(into.end(), ranges[i].begin(), ranges[i].end());
+    }
+  }
+  if (!allTaken) {
+    for (auto& term : o.landed) {
+      zeroRanges(term.tensor, takenRanges);
+      // A contribution that is not finite can never be applied (GradScaler skips every step holding it).
+      if (!at::isfinite(term.tensor).all().item<bool>()) {
+        stats_->staleness().dropped.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      stream.carry.push_back(std::move(term));
+    }
+    stream.carryPending = stream.carryPending || o.hadArrivals;
+    discardDeferredLocked(stream, o.step, allSkipped, skippedRanges);
+  }
+  if (o.fresh.defined() && !allSkipped) {
+    zeroRanges(o.fresh, skippedRanges);
+    stream.produced = stream.produced.defined() ? stream.produced.add_(o.fresh) : o.fresh;
+  }
+  o = KeyTable::Open{};
+  return true;
+}
+
+// What a skipped step deferred is discarded with it: on every rank the bookkeeping of its late contributions (all
+// of its parameters skipped), and this rank's stash; of some parameters only, their elements of this rank's stash.
+void StalenessEngine::discardDeferredLocked(KeyTable::Stream& stream, uint64_t origin, bool all,
+                                            const owners::Ranges& skipped) {
+  for (auto it = stream.mine.begin(); it != stream.mine.end();) {
+    if (it->origin != origin) {
+      ++it;
+    } else if (all) {
+      it = stream.mine.erase(it);
+    } else {
+      zeroRanges(it->tensor, skipped);
+      ++it;
+    }
+  }
+  if (!all) {
+    return;
+  }
+  const bool keep = options_.policy != StalePolicy::kDrop;
+  for (auto it = stream.arrivals.begin(); it != stream.arrivals.end();) {
+    auto& list = it->second;
+    for (auto a = list.begin(); a != list.end();) {
+      if (it->first - static_cast<uint64_t>(a->staleness) == origin) {
+        stream.pendingOf[static_cast<size_t>(a->rank)] -= keep ? 1 : 0;
+        stats_->staleness().dropped.fetch_add(1, std::memory_order_relaxed);
+        a = list.erase(a);
+      } else {
+        ++a;
+      }
+    }
+    it = list.empty() ? stream.arrivals.erase(it) : std::next(it);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------
@@ -97,10 +207,14 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   const std::vector<KeyTable::Arrival> arriving = advanceLocked(stream, t, plan, resultScale, scatter);
   digest_.add(key, t.numel(), t.scalar_type(), scatter);
 
-  std::vector<at::Tensor> due;  // this rank's own contributions due now (under asp not in deferral order)
+  // Recognised streams: each contribution is unscaled by the loss scale it was computed at (GradScaler), so the
+  // weight of one computed at scale s landing now, at scale sNow, is w * sNow / s (docs/staleness.md, "The rule").
+  const bool tracked = stream.consumer >= 0;
+  const double sNow = tracked ? owners::lossScale() : 1.0;
+  std::vector<KeyTable::Deferred> dueNow;  // this rank's own contributions due now (under asp not in deferral order)
   for (auto it = stream.mine.begin(); it != stream.mine.end();) {
     if (it->due == step) {
-      due.push_back(std::move(it->tensor));
+      dueNow.push_back(std::move(*it));
       it = stream.mine.erase(it);
     } else {
       ++it;
@@ -110,17 +224,47 @@ StalenessEngine::StepInfo StalenessEngine::prepareScaled(at::Tensor& t, uint64_t
   const bool fresh = plan.lateness[me] == 0;
   const BlendWeights w = stepWeights(options_.policy, options_.alpha, size_, plan.nFresh,
                                      static_cast<int64_t>(arriving.size()), fresh, resultScale);
+  KeyTable::Open open;
+  open.active = tracked;
+  open.step = step;
+  open.hadArrivals = !arriving.empty() || stream.carryPending;
+  std::vector<at::Tensor> due;
+  std::vector<double> dueScales;
+  for (auto& d : dueNow) {
+    due.push_back(d.tensor);
+    dueScales.push_back(w.stale * sNow / d.scale);
+    open.landed.push_back(KeyTable::Term{std::move(d.tensor), w.stale, d.scale});
+  }
+  // What landed on a skipped step, with the weight it landed with.
+  for (auto& c : stream.carry) {
+    due.push_back(c.tensor);
+    dueScales.push_back(c.weight * sNow / c.scale);
+    open.landed.push_back(std::move(c));
+  }
+  stream.carry.clear();
+  stream.carryPending = false;
+  if (tracked && options_.check) {
+    open.fresh = t.to(at::kDouble, /*non_blocking=*/false, /*copy=*/true).mul_(resultScale / sNow);
+  }
 
   std::optional<at::Tensor> stash;
   if (!fresh && options_.policy != StalePolicy::kDrop) {
     stash = at::empty_like(t, at::MemoryFormat::Contiguous);
-    stream.mine.push_back(KeyTable::Deferred{step + static_cast<uint64_t>(plan.lateness[me]), step, *stash});
+    stream.mine.push_back(KeyTable::Deferred{step + static_cast<uint64_t>(plan.lateness[me]), step, *stash, sNow});
   }
   UpdateStats* const updates = stats_->updateStats();  // update_stats=1 only: the fresh gradient, unblended
   const at::Tensor unblended = updates != nullptr ? t.clone() : at::Tensor();
-  kernels::fusedBlend(t, w.fresh, due, std::vector<double>(due.size(), w.stale), stash);
+  kernels::fusedBlend(t, w.fresh, due, dueScales, stash);
   if (updates != nullptr) {
     updates->record(unblended, resultScale, t);
+  }
+  // Under GradScaler, an overflow in a deferred contribution makes its own step's result not finite, as under bsp:
+  // every rank then skips that step and the contribution is discarded with it, instead of landing later.
+  if (stash && tracked && owners::scalerSeen() && t.numel() > 0 && !at::isfinite(*stash).all().item<bool>()) {
+    t.view({-1}).narrow(0, 0, 1).fill_(std::numeric_limits<double>::quiet_NaN());
+  }
+  if (tracked) {
+    stream.open = std::move(open);
   }
 
   recordLocked(plan.nFresh, arriving, warnings);
@@ -385,8 +529,9 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
     mine.calls = digest_.calls();
     mine.digest = digest_.value();
     mine.checkpoints = digest_.checkpoints();
-    for (const auto& [key, stream] : keys_.streams()) {
-      if (stream.arrivals.empty()) {
+    for (auto& [key, stream] : keys_.streams()) {
+      resolveAtFlushLocked(key, stream);
+      if (stream.arrivals.empty() && !stream.carryPending) {
         continue;  // nothing in flight anywhere (this rank's own deferred ones are in flight too)
       }
       mine.pending.push_back(
@@ -426,30 +571,89 @@ std::vector<StalenessEngine::FlushStream> StalenessEngine::takeFlush() {
   std::lock_guard<std::mutex> lock(mutex_);
   std::vector<FlushStream> out;
   auto& counters = stats_->staleness();
+  const double sNow = owners::lossScale();
   for (const auto& agreed : mine.pending) {
     KeyTable::Stream* stream = keys_.find(agreed.key);
     TORCH_INTERNAL_ASSERT(stream != nullptr, "delaycomm: flush: a pending stream left the key table");
     const int64_t global = stream->pendingGlobal();
     stream->arrivals.clear();
     std::fill(stream->pendingOf.begin(), stream->pendingOf.end(), 0);
+    stream->carryPending = false;
     if (options_.policy == StalePolicy::kDrop) {
       counters.dropped.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
       continue;
     }
+    // Recognised streams are delivered at the current loss scale (what the next GradScaler.step unscales by).
+    const bool tracked = stream->consumer >= 0;
+    const double ratio = tracked ? sNow : 1.0;
+    const double scale = flushScale(options_.policy, size_, global, stream->resultScale);
     std::vector<at::Tensor> deferred;
+    std::vector<double> scales;
     for (auto& d : stream->mine) {
       deferred.push_back(d.tensor.view({-1}));
+      scales.push_back(scale * (tracked ? ratio / d.scale : 1.0));
+    }
+    for (auto& c : stream->carry) {
+      deferred.push_back(c.tensor.view({-1}));
+      scales.push_back(c.weight * ratio / c.scale);
     }
     stream->mine.clear();
-    const double scale = flushScale(options_.policy, size_, global, stream->resultScale);
+    stream->carry.clear();
     // Flat, whatever this rank's stashes' shapes: every rank returns the same shape for the stream.
     at::Tensor local = at::empty({stream->numel}, stream->prototype.options());
-    kernels::fusedBlend(local, 0.0, deferred, std::vector<double>(deferred.size(), scale), std::nullopt);
+    kernels::fusedBlend(local, 0.0, deferred, scales, std::nullopt);
     counters.stale.fetch_add(static_cast<uint64_t>(global), std::memory_order_relaxed);
     out.push_back(FlushStream{agreed.key, std::move(local), stream->scatter, stream->consumer,
                               agreed.key < kExplicitKeyLimit ? std::string() : stream->scope});
   }
+  if (options_.check) {
+    out = withReferencesLocked(std::move(out));
+  }
   return out;
+}
+
+// stale_check: the conservation check's reference (docs/staleness.md, "The check"): every recognised stream still
+// staled, merged in key order into flush's streams (the same streams on every rank).
+std::vector<StalenessEngine::FlushStream> StalenessEngine::withReferencesLocked(std::vector<FlushStream> out) {
+  std::vector<FlushStream> all;
+  size_t i = 0;
+  for (auto& [key, stream] : keys_.streams()) {
+    while (i < out.size() && out[i].key < key) {
+      all.push_back(std::move(out[i++]));
+    }
+    if (!stream.produced.defined() || stream.watch.fresh) {
+      continue;
+    }
+    if (i < out.size() && out[i].key == key) {
+      out[i].reference = stream.produced.clone();
+      all.push_back(std::move(out[i++]));
+    } else {
+      all.push_back(
+          FlushStream{key, at::Tensor(), stream.scatter, stream.consumer, stream.scope, stream.produced.clone()});
+    }
+  }
+  while (i < out.size()) {
+    all.push_back(std::move(out[i++]));
+  }
+  return all;
+}
+
+// At flush, a recognised stream's last reduction is resolved as an optimizer event resolved it; one not resolved
+// yet (flush before the step) counts as taken: what landed on it is in .grad.
+void StalenessEngine::resolveAtFlushLocked(uint64_t key, KeyTable::Stream& stream) {
+  if (!stream.open.active || stream.watch.fresh) {
+    return;
+  }
+  auto fates = owners::fates(key);
+  if (fates) {
+    for (auto& f : *fates) {
+      f = f == owners::Fate::kOpen ? owners::Fate::kTaken : f;
+    }
+  }
+  if (!fates || !resolveLocked(stream, *fates)) {
+    std::vector<owners::Fate> taken(1, owners::Fate::kTaken);
+    resolveLocked(stream, taken);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 #include "stale/Agreement.hpp"
 #include "stale/EngineWaits.hpp"
 #include "stale/KeyTable.hpp"
+#include "stale/Owners.hpp"
 #include "stale/StaleOptions.hpp"
 #include "stale/StepClock.hpp"
 #include "stale/StepPlan.hpp"
@@ -89,6 +90,9 @@ class StalenessEngine {
     bool scatter;
     int64_t consumer = -1;
     std::string name;
+    // stale_check: this rank's fresh gradients of the steps taken so far, unscaled, in float64 (reduced as `local`
+    // is: their sum is what bsp would have delivered). `local` is undefined when only the reference is delivered.
+    at::Tensor reference;
   };
 
   // What admit() decided for one recognised gradient reduction.
@@ -165,6 +169,11 @@ class StalenessEngine {
   // Advances the stream's bookkeeping by one step; returns the arrivals due now.
   std::vector<KeyTable::Arrival> advanceLocked(KeyTable::Stream& stream, const at::Tensor& t, const StepPlan& plan,
                                                double resultScale, bool scatter);
+  // The rule (docs/staleness.md): resolves a recognised stream's last reduction by its parameters' fates.
+  bool resolveLocked(KeyTable::Stream& stream, const std::vector<owners::Fate>& fates);
+  void discardDeferredLocked(KeyTable::Stream& stream, uint64_t origin, bool all, const owners::Ranges& skipped);
+  void resolveAtFlushLocked(uint64_t key, KeyTable::Stream& stream);
+  std::vector<FlushStream> withReferencesLocked(std::vector<FlushStream> out);
   void recordLocked(int64_t nFresh, const std::vector<KeyTable::Arrival>& arriving, Warnings& warnings);
   // The SSP gate (no lock): waits waitNs, or raises when the group closes meanwhile.
   void waitAtGate(uint64_t key, uint64_t step, int64_t waitNs, const char* op, const std::string& keyText);

@@ -75,7 +75,7 @@ def create_backend(dist_opts, pg_options):
     _fill_stale_options(native, cfg, store)
     if cfg.staleness != "bsp":
         # The owners of gradient reductions (docs/staleness.md, "Which reductions go stale").
-        _owners.install()
+        _owners.install(check=cfg.stale_check)
         _ddp.install()
         _fsdp.install()
     elif cfg.update_stats:
@@ -115,6 +115,7 @@ def _fill_stale_options(native, cfg: EffectiveConfig, store) -> None:
     stale.step_ms = cfg.step_ms if cfg.step_ms is not None else 0.0
     stale.max_pending = cfg.max_pending
     stale.update_stats = cfg.update_stats
+    stale.check = cfg.stale_check
     native.store = dist.PrefixStore("delaycomm/stale/", store)
 
 

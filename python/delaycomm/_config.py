@@ -680,6 +680,13 @@ OPTIONS: tuple[Option, ...] = (
         "['update']; an extra pass per stale step, docs/telemetry.md)",
     ),
     Option(
+        "stale_check",
+        _parse_flag,
+        "0",
+        "1: check per parameter, at every flush and at the step after it, that what the optimizer consumed plus "
+        'what is pending equals what bsp would have delivered (docs/staleness.md, "The check")',
+    ),
+    Option(
         "nccl_algo", _parse_nccl_algo, "allreduce:tree", "NCCL_ALGO to set before NCCL starts; auto leaves it alone"
     ),
     Option("nccl_buffsize", _parse_bytes, 2097152, "NCCL_BUFFSIZE in bytes to set before NCCL starts"),

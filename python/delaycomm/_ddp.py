@@ -44,6 +44,7 @@ class BucketConsumer(_owners.Consumer):
     def __init__(self, params: list[torch.Tensor], name: str, applies: bool = True):
         super().__init__(params, name, applies)
         self.numels = [p.numel() for p in params]
+        self.set_ranges(_owners.back_to_back(self.numels))  # the rule per parameter (.grad None)
 
     def grads(self, flat, scatter):
         out, offset = [], 0

@@ -78,6 +78,9 @@ class Fsdp2Consumer(_owners.Consumer):
             _padded_numel(fp, g, world) // world for fp, g in zip(fsdp_params, args["unsharded_grads"])
         ]
         self.scatter_stale = False  # its reduce-scatter went stale (HSDP: flush reduces it across the replicas)
+        # The rule per parameter (.grad None): the reduce-scatter input is rank-major, each rank's row the
+        # parameters' shards back to back.
+        self.set_ranges(_owners.back_to_back(self.shard_numels, rows=world))
 
     def replica_reduce(self, flat):
         if self.ar_group is None or not self.scatter_stale:

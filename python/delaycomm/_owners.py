@@ -8,10 +8,13 @@ ordinal in program order, the bucket, the parameters) and its *consumer*: the pa
 :func:`delaycomm.flush` puts a pending contribution there. The native side (``stale/Owners.hpp``) keeps what C++ needs:
 the consumers' parameters, the scopes, DDP's bucket layouts.
 
-The optimizer steps (torch's global ``register_optimizer_step_post_hook``) feed the runtime check: a recognised stream
-must be consumed by an optimizer step over all of its parameters before it is reduced again, else it is kept fresh
-(a GAN's discriminator, reduced for real and fake batches and again in the generator's backward; two backward passes
-per step).
+The optimizer's own events enforce the rule (docs/staleness.md, "The rule": a contribution is applied iff its own
+step's gradient is applied, with the factor its own step applied it with): torch's global optimizer step post hook
+(a step consumed each parameter whose ``.grad`` was not None, and skipped the others), ``GradScaler.step`` (a step it
+skipped: the optimizer did not step, or found an inf), ``zero_grad`` with no step since the last one (the gradients
+were thrown away), and ``GradScaler.scale`` (the loss scale the next gradients are computed at). A recognised stream
+whose last result none of these resolved before it is reduced again is kept fresh (a GAN's discriminator, reduced
+for real and fake batches and again in the generator's backward; two backward passes per step).
 
 NOTE: the hook points are private torch functions. :func:`patch` warns once, naming the one it did not find, and
 then wraps nothing there: what it would have recognised has no owner, so it is kept fresh with its delay, never made
@@ -74,6 +77,12 @@ class Consumer:
         with _lock:
             _consumers[self.id] = self
 
+    def set_ranges(self, ranges: list[list[tuple[int, int]]]) -> None:
+        """Each parameter's elements ``[(offset, numel), ...]`` in the stream's tensor: a step skipped for some of
+        the parameters only (``.grad`` None) then applies the rule to their elements (else the stream is kept
+        fresh)."""
+        _C._stale_consumer_ranges(self.id, ranges)
+
     def params(self) -> list[torch.Tensor]:
         """The live parameters (those whose tensor died are left out)."""
         return [p for p in (r() for r in self._params) if p is not None]
@@ -96,6 +105,16 @@ class Consumer:
             param.grad = grad.clone()
         else:
             param.grad.add_(grad)
+
+
+def back_to_back(numels: list[int], rows: int = 1) -> list[list[tuple[int, int]]]:
+    """Each parameter's ranges in a tensor of ``rows`` rows, each row the parameters' ``numels`` back to back."""
+    total = sum(numels)
+    ranges, offset = [], 0
+    for n in numels:
+        ranges.append([(r * total + offset, n) for r in range(rows)])
+        offset += n
+    return ranges
 
 
 def consumer_of(consumer_id: int) -> Consumer | None:
@@ -219,27 +238,134 @@ def reduction_scope(name: str):
 
 # The parameters of each optimizer (count, list), refreshed when the count changes.
 _optimizer_params: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Post hooks seen per optimizer (GradScaler.step tells from it whether the optimizer stepped).
+_step_events: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def _stepped(optimizer, args, kwargs) -> None:
+def _params_of(optimizer) -> list[torch.Tensor]:
     n = sum(len(g["params"]) for g in optimizer.param_groups)
     cached = _optimizer_params.get(optimizer)
     if cached is None or cached[0] != n:
         cached = (n, [p for g in optimizer.param_groups for p in g["params"]])
         _optimizer_params[optimizer] = cached
-    _C._stale_optimizer_stepped(cached[1])
+    return cached[1]
 
 
-def install() -> None:
-    """Install the optimizer step hook once (the owners' hook points: delaycomm._ddp.install, _fsdp.install)."""
+# GradScaler.step running on this thread: the optimizer's step is recorded once the scaler's found_inf is known.
+_in_scaler = threading.local()
+
+
+def _stepped(optimizer, args, kwargs) -> None:
+    # torch.optim steps a parameter only when its .grad is not None: the others' step is skipped.
+    consumed, skipped = [], []
+    for p in _params_of(optimizer):
+        (consumed if p.grad is not None else skipped).append(p)
+    with _lock:
+        _step_events[optimizer] = _step_events.get(optimizer, 0) + 1
+    if getattr(_in_scaler, "optimizer", None) is optimizer:
+        _in_scaler.step = (consumed, skipped)
+    else:
+        _C._stale_optimizer_stepped(consumed, skipped)
+
+
+def _found_inf(scaler, optimizer) -> bool:
+    state = getattr(scaler, "_per_optimizer_states", {}).get(id(optimizer), {})
+    return bool(sum(float(v.item()) for v in state.get("found_inf_per_device", {}).values()))
+
+
+_scalers: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_SCALE_WHAT = 'the loss scale of a GradScaler subclass (docs/staleness.md, "The rule")'
+
+
+def _wrap_scale_of(cls) -> None:
+    """Wrap ``scale`` and ``update`` of ``cls`` and of the classes it inherits from (a subclass such as FSDP1's
+    ShardedGradScaler overrides them)."""
+    for klass in cls.__mro__:
+        for name in ("scale", "update"):
+            if name in vars(klass):
+                patch(klass, name, _scaler_scale, _SCALE_WHAT)
+
+
+def _scaler_init(original):
+    def __init__(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        _wrap_scale_of(type(self))
+
+    return __init__
+
+
+def _scaler_step(original):
+    def step(self, optimizer, *args, **kwargs):
+        _wrap_scale_of(type(self))  # a scaler made before delaycomm was installed
+        if not getattr(self, "_enabled", False):
+            return original(self, optimizer, *args, **kwargs)
+        outer = getattr(_in_scaler, "optimizer", None)
+        _in_scaler.optimizer, _in_scaler.step = optimizer, None
+        try:
+            out = original(self, optimizer, *args, **kwargs)
+            took = _in_scaler.step
+        finally:
+            _in_scaler.optimizer, _in_scaler.step = outer, None
+        # An optimizer that takes the scaler's found_inf itself (_step_supports_amp_scaling) is stepped always and
+        # skips inside: found_inf tells.
+        if took is None or _found_inf(self, optimizer):
+            _C._stale_optimizer_skipped(_params_of(optimizer))
+        else:
+            _C._stale_optimizer_stepped(*took)
+        return out
+
+    return step
+
+
+def _scaler_scale(original):
+    """GradScaler.scale and .update: the scale the next gradients are computed at (and flush delivers at: the one
+    the next GradScaler.step unscales by)."""
+
+    def scale(self, *args, **kwargs):
+        out = original(self, *args, **kwargs)
+        if getattr(self, "_enabled", False) and getattr(self, "_scale", None) is not None:
+            # NOTE: one host read per call (a synchronisation on CUDA; GradScaler.step makes one anyway).
+            _C._stale_set_loss_scale(float(self._scale.item()))
+            with _lock:
+                if self not in _scalers:  # gone, its scale goes with it: the gradients after it are unscaled
+                    _scalers[self] = weakref.finalize(self, _C._stale_set_loss_scale, 1.0)
+        return out
+
+    return scale
+
+
+def _optimizer_zero_grad(original):
+    def zero_grad(self, *args, **kwargs):
+        _C._stale_grads_discarded(_params_of(self))
+        return original(self, *args, **kwargs)
+
+    return zero_grad
+
+
+def _module_zero_grad(original):
+    def zero_grad(self, *args, **kwargs):
+        _C._stale_grads_discarded(list(self.parameters()))
+        return original(self, *args, **kwargs)
+
+    return zero_grad
+
+
+def install(check: bool = False) -> None:
+    """Install the optimizer hooks once (the owners' hook points: delaycomm._ddp.install, _fsdp.install); ``check``:
+    the conservation check's too (stale_check, delaycomm._stalecheck)."""
     global _installed
+    if check:
+        from delaycomm import _stalecheck
+
+        _stalecheck.install()
     if _installed:
         return
     _installed = True
     import importlib
 
     # NOTE: torch.optim deletes its submodules' names from its namespace; the module itself stays importable.
-    register = getattr(importlib.import_module("torch.optim.optimizer"), "register_optimizer_step_post_hook", None)
+    optim = importlib.import_module("torch.optim.optimizer")
+    register = getattr(optim, "register_optimizer_step_post_hook", None)
     if register is None:
         warn_once(
             "optimizer",
@@ -249,3 +375,14 @@ def install() -> None:
         )
     else:
         register(_stepped)
+    what = 'a step GradScaler skipped and its loss scale (docs/staleness.md, "The rule")'
+    try:
+        scaler = importlib.import_module("torch.amp.grad_scaler").GradScaler
+    except (ImportError, AttributeError):
+        warn_missing("torch.amp.grad_scaler.GradScaler", what)
+    else:
+        patch(scaler, "step", _scaler_step, what)
+        patch(scaler, "__init__", _scaler_init, what)
+        _wrap_scale_of(scaler)
+    patch(optim.Optimizer, "zero_grad", _optimizer_zero_grad, "gradients thrown away by zero_grad with no step")
+    patch(torch.nn.Module, "zero_grad", _module_zero_grad, "gradients thrown away by zero_grad with no step")

@@ -86,6 +86,9 @@ class FlushResult(dict):
     def __init__(self):
         super().__init__()
         self.grads: dict[torch.Tensor, torch.Tensor] = {}
+        # The loss scale the gradients are at (GradScaler's current scale; 1 without one): apply them, then
+        # scaler.step(optimizer) unscales them as it unscales the step's own gradients.
+        self.loss_scale = 1.0
         self.unapplied: list[str] = []
         self._consumers: dict[torch.Tensor, object] = {}
 
@@ -115,18 +118,25 @@ def flush(group=None, *, into_grad: bool = False) -> FlushResult:
         RuntimeError: the ranks' stale bookkeeping differs (docs/staleness.md, "Divergence"), on every rank.
         torch.distributed.DistBackendError: a rank did not call flush within the group's timeout.
     """
-    from delaycomm import _owners
+    from delaycomm import _C, _owners, _stalecheck
 
     if group is not None:
         backends = [(getattr(group, "group_name", ""), _backend(group))]
     else:
         backends = [(name, b) for name, (b, cfg) in live_backends().items() if cfg.staleness != "bsp"]
     result = FlushResult()
+    result.loss_scale = _C._stale_loss_scale()
     pending: dict[int, torch.Tensor] = {}
+    references: dict[int, torch.Tensor] = {}
     for _, backend in backends:
-        for key, tensor, consumer, scatter, name in backend.flush():
-            result[key] = tensor
+        for key, tensor, consumer, scatter, name, reference in backend.flush():
             c = _owners.consumer_of(consumer) if consumer >= 0 else None
+            if reference is not None and c is not None and c.applies:
+                references[c.id] = references.get(c.id, 0) + reference
+                c.flushed_scatter = scatter
+            if tensor is None:
+                continue  # stale_check's reference only
+            result[key] = tensor
             if c is None or not c.applies:
                 result.unapplied.append(name or f"key {key}")
                 continue
@@ -139,11 +149,17 @@ def flush(group=None, *, into_grad: bool = False) -> FlushResult:
         reduced = c.replica_reduce(pending.get(c.id))  # HSDP / HYBRID_SHARD: collective on every rank
         if reduced is not None:
             pending[c.id] = reduced
+        if c.id in references:
+            reduced = c.replica_reduce(references[c.id])
+            if reduced is not None:
+                references[c.id] = reduced
     for cid, tensor in pending.items():
         c = _owners.consumer_of(cid)
         for param, grad in c.grads(tensor, getattr(c, "flushed_scatter", False)):
             result.grads[param] = result.grads[param] + grad if param in result.grads else grad
             result._consumers[param] = c
+    if _stalecheck.enabled() and backends:
+        _check(references, result, backends)
     if into_grad:
         if result.unapplied:
             warnings.warn(
@@ -154,3 +170,22 @@ def flush(group=None, *, into_grad: bool = False) -> FlushResult:
             )
         result.apply()
     return result
+
+
+def _check(references: dict, result: FlushResult, backends) -> None:
+    """stale_check: per parameter, consumed + pending == what bsp delivered (delaycomm._stalecheck)."""
+    from delaycomm import _owners, _stalecheck
+
+    want: dict[torch.Tensor, torch.Tensor] = {}
+    for cid, tensor in references.items():
+        c = _owners.consumer_of(cid)
+        for param, grad in c.grads(tensor, getattr(c, "flushed_scatter", False)):
+            want[param] = want[param] + grad if param in want else grad
+    pending = {p: g / result.loss_scale for p, g in result.grads.items()}
+
+    def agree(bad: bool) -> int:
+        flag = torch.tensor([1.0 if bad else 0.0], dtype=torch.float64)
+        backends[0][1].flush_allreduce(flag)
+        return int(flag.item())
+
+    _stalecheck.check_flush(want, pending, agree)
