@@ -133,10 +133,25 @@ void DelayProfile::OpDists::finish() {
   }
 }
 
+// The class a call draws from: its size class, except that a size just under a power of two (within 1e-3: nccl-tests
+// and frameworks round a count down to whole elements per rank) draws from that power of two's class, as the profile
+// builder snaps such a table row (delaycomm/sources/read.py, row_class_bytes).
+static int drawClassOf(int64_t bytes) {
+  if (bytes > 1) {
+    const int up = 64 - __builtin_clzll(static_cast<uint64_t>(bytes - 1));  // 2^up >= bytes
+    if (up < 63) {
+      const int64_t pow2 = int64_t{1} << up;
+      if (pow2 != bytes && (pow2 - bytes) * 1000 <= pow2)
+        return sizeClassOf(pow2);
+    }
+  }
+  return sizeClassOf(bytes);
+}
+
 double DelayProfile::OpDists::quantileNs(double u, int64_t bytes) const {
   if (bytes < 0 || classes.empty())
     return pooled.quantileNs(u);
-  const Interp& t = table[static_cast<size_t>(sizeClassOf(bytes))];
+  const Interp& t = table[static_cast<size_t>(drawClassOf(bytes))];
   const double lo = classes[static_cast<size_t>(t.lo)].second.quantileNs(u);
   if (t.lo == t.hi)
     return lo;
