@@ -8,6 +8,7 @@
 
 #include "delay/DeferredWork.hpp"
 #include "delay/DelayTimeout.hpp"
+#include "delay/Profile.hpp"
 #include "delay/Units.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
 #include "delay/GpuDelay.hpp"
@@ -44,6 +45,12 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     for (const OpKind kind : options_.ops) {
       TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
       delayOp_[static_cast<int>(kind)] = true;
+    }
+    if (const auto& profile = schedule_->sampler().distribution().profile()) {
+      for (int k = 0; k < kNumOpKinds; ++k) {
+        if (delayOp_[static_cast<size_t>(k)])
+          fallbackNote_[static_cast<size_t>(k)] = profile->fallbackOf(k);
+      }
     }
     if (options_.mode != DelayMode::kAdd) {
       local_ = std::make_shared<LocalLatency>();
@@ -88,10 +95,20 @@ bool pointToPoint(OpKind op) {
 
 }  // namespace
 
+void DelayInjector::noteFallback(OpKind op) const {
+  const auto& note = fallbackNote_[static_cast<size_t>(op)];
+  if (note.empty() || fallbackWarned_[static_cast<size_t>(op)].exchange(true, std::memory_order_relaxed)) {
+    return;
+  }
+  warn(c10::str("delaycomm: the delay profile has no ", opName(op), ": its calls draw from ", note,
+                " (docs/delay.md, \"Replay into another job\"); warned once per op"));
+}
+
 int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
   if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
     return 0;
   }
+  noteFallback(op);
   return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes},
                             /*ownDraw=*/pointToPoint(op));
 }
@@ -115,6 +132,7 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
     return 0;
   }
+  noteFallback(op.kind);
   const CallSize at{static_cast<int>(op.kind), op.bytes};
   const auto latest =
       schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, pointToPoint(op.kind) ? rank_ : -1, at);

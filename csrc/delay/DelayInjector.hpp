@@ -128,6 +128,7 @@ class DelayInjector {
   // counted as uncalibrated, nothing observed.
   int64_t matchDelayNs(const Op& op, int64_t* observe, bool untimed);
   void warn(const std::string& message) const;
+  void noteFallback(OpKind op) const;  // profile:FILE: warns once that an op the profile lacks draws from others
 
   const int rank_;
   const Options options_;
@@ -144,7 +145,10 @@ class DelayInjector {
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> nothingAddedWarned_{};
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> uncalibratedWarned_{};
   std::array<std::atomic<bool>, kNumOpKinds> untimedWarned_{};  // cuda ops under delay_mode=auto's match
-  std::atomic<int64_t> timeoutMs_;                              // timeout(); options_.timeout until setTimeout()
+  // profile:FILE: what an op the profile lacks draws from (DelayProfile::fallbackOf), warned once per op.
+  std::array<std::string, kNumOpKinds> fallbackNote_{};
+  mutable std::array<std::atomic<bool>, kNumOpKinds> fallbackWarned_{};
+  std::atomic<int64_t> timeoutMs_;  // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };
 
