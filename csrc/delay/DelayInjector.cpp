@@ -148,7 +148,10 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   // where L at T's own quantile made the tail short by X's spread above its typical value (docs/delay.md, "Why
   // the mean").
   const int64_t own = untimed ? -1 : local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
-  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own));
+  // Before calibration a provisional estimate (the class's first observations, or the op's nearest smaller
+  // calibrated class) keeps the call from running long by this machine's whole latency.
+  const int64_t guess = own >= 0 || untimed ? own : local_->provisionalNs(op.kind, sizeClassOf(op.bytes));
+  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, guess));
   // Every peer already waits in the op when this rank issues it: the rest is this machine's own latency.
   *observe = untimed ? -1 : added;
   auto& s = stats_->op(op.kind);
@@ -174,8 +177,9 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
       warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
                     sizeClassBytes(cls), "): this machine's own latency is not estimated yet (",
                     local_->at(op.kind, cls).count(), " of ", LatencyEstimate::kMinSamples,
-                    " observations), so this call and the next ones of the class until it is get the whole target ",
-                    "added, as delay_mode=add does (their latency comes out long by this machine's own). Counted in "
+                    " observations), so this call and the next ones of the class until it is get the target less a ",
+                    "provisional estimate (the class's first observations, or the op's nearest smaller calibrated ",
+                    "class), or the whole target with neither, as delay_mode=add does. Counted in "
                     "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
                     "class"));
     }

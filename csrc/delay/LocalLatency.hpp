@@ -35,12 +35,15 @@ class LatencyEstimate {
   // The q-quantile in ns of the weighted observations, or -1 while fewer than kMinSamples were recorded.
   int64_t quantileNs(double q) const;
   // The weighted mean in ns (each bucket at its geometric middle), or -1 while fewer than kMinSamples were recorded.
-  int64_t meanNs() const;
+  int64_t meanNs() const { return meanOf(kMinSamples); }
+  // The same mean from as few as one observation (-1 with none): the provisional estimate before calibration.
+  int64_t provisionalMeanNs() const { return meanOf(1); }
   // Observations recorded over the estimate's life (not forgotten by the halvings).
   uint64_t count() const { return total_.load(std::memory_order_relaxed); }
 
  private:
   void halve();
+  int64_t meanOf(uint64_t minSamples) const;
 
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
   std::atomic<uint64_t> total_{0};
@@ -55,6 +58,10 @@ class LocalLatency : public OwnLatencySink {
 
   // The estimate of (op, size class) (size classes: stats/Histogram.hpp's sizeClassOf).
   LatencyEstimate& at(OpKind op, int sizeClass);
+  // Before (op, size class) is calibrated: a provisional own latency, so that a call is not delayed by the whole
+  // target (long by this machine's own latency): the class's mean of the observations it has, else the mean of the
+  // op's nearest smaller calibrated class (a smaller call takes no longer), else -1.
+  int64_t provisionalNs(OpKind op, int sizeClass) const;
   void record(OpKind op, int sizeClass, int64_t ns) override { at(op, sizeClass).record(ns); }
 
  private:
