@@ -148,8 +148,8 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   // where L at T's own quantile made the tail short by X's spread above its typical value (docs/delay.md, "Why
   // the mean").
   const int64_t own = untimed ? -1 : local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
-  // Before calibration a provisional estimate (the class's first observations, or the op's nearest smaller
-  // calibrated class) keeps the call from running long by this machine's whole latency.
+  // Before calibration a low provisional estimate (LocalLatency::provisionalNs) keeps the call from running long
+  // by this machine's whole latency.
   const int64_t guess = own >= 0 || untimed ? own : local_->provisionalNs(op.kind, sizeClassOf(op.bytes));
   const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, guess));
   // Every peer already waits in the op when this rank issues it: the rest is this machine's own latency.
@@ -174,14 +174,16 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
     }
     auto& warned = uncalibratedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
     if (!warned.exchange(true, std::memory_order_relaxed)) {
-      warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
-                    sizeClassBytes(cls), "): this machine's own latency is not estimated yet (",
-                    local_->at(op.kind, cls).count(), " of ", LatencyEstimate::kMinSamples,
-                    " observations), so this call and the next ones of the class until it is get the target less a ",
-                    "provisional estimate (the class's first observations, or the op's nearest smaller calibrated ",
-                    "class), or the whole target with neither, as delay_mode=add does. Counted in "
-                    "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
-                    "class"));
+      warn(c10::str(
+          "delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
+          sizeClassBytes(cls), "): this machine's own latency is not estimated yet (", local_->at(op.kind, cls).count(),
+          " of ", LatencyEstimate::kMinSamples,
+          " observations), so this call and the next ones of the class until it is get the target less a ",
+          "low provisional estimate (the class's smallest observation so far, or the 10th percentile of the op's ",
+          "nearest smaller calibrated class), or the whole target with neither, as delay_mode=add does. ",
+          "Counted in "
+          "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
+          "class"));
     }
   } else if (own >= latest.ns) {
     s.matchNothingAdded.fetch_add(1, std::memory_order_relaxed);
