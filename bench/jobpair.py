@@ -18,6 +18,7 @@ B-replay's mean step time against B-prod's within 10%. OUT/result.json holds eve
 output, OUT/steps-JOB.rankR.json every step's time. Exit status 1 when a check misses.
 
   python bench/jobpair.py --steps 300 --out bench/results/DATE-vm2core-jobpair
+  python bench/jobpair.py --b-model W ...   # job B with ~4 MiB buckets queued one behind the other
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ MODELS = {
     # layers (in, out) and DDP's bucket_cap_mb: A's buckets are ~0.5 MB, B's ~1.5 MB (other size classes)
     "A": {"width": 256, "layers": 8, "bucket_cap_mb": 0.5},
     "B": {"width": 448, "layers": 6, "bucket_cap_mb": 1.5},
+    # W: wide layers, ~4 MiB buckets issued one behind the other (a class A never had, queued behind its peers)
+    "W": {"width": 1024, "layers": 3, "bucket_cap_mb": 4.0},
 }
 P50_TOLERANCE = 0.35
 STEP_TOLERANCE = 0.10
@@ -117,6 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=300, help="timed steps per job (default 300)")
     ap.add_argument("--warmup", type=int, default=20, help="untimed steps first (default 20)")
     ap.add_argument("--out", help="output directory (created)")
+    ap.add_argument("--b-model", default="B", choices=sorted(MODELS), help="job B's model (default B)")
     ap.add_argument("--prod-trace", help="the production latency as a trace file (default: a bimodal one)")
     ap.add_argument("--job-timeout", type=float, default=900.0, help="seconds per job")
     ap.add_argument("--worker", metavar="MODEL", choices=sorted(MODELS), help=argparse.SUPPRESS)
@@ -142,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"host": platform.node(), "cpus": os.cpu_count(), "load_before": os.getloadavg()},
         "steps": args.steps,
         "warmup": args.warmup,
-        "models": MODELS,
+        "models": {"A": MODELS["A"], "B": MODELS[args.b_model]},
         "production": prod,
         "tolerance": {"p50": P50_TOLERANCE, "mean_step": STEP_TOLERANCE},
     }
@@ -150,9 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     with open(os.path.join(args.out, "jobs.log"), "w") as log:
         _run_job("A-prod", "A", {**prod, "DELAYCOMM_STATS": dirs["a-prod"]}, args, log)
         _profile(dirs["a-prod"], profile_a, log)
-        b_prod = _run_job("B-prod", "B", {**prod, "DELAYCOMM_STATS": dirs["b-prod"]}, args, log)
+        b_prod = _run_job("B-prod", args.b_model, {**prod, "DELAYCOMM_STATS": dirs["b-prod"]}, args, log)
         replay = {"DELAYCOMM_DELAY": f"profile:{os.path.abspath(profile_a)}"}  # the one knob
-        b_replay = _run_job("B-replay", "B", {**replay, "DELAYCOMM_STATS": dirs["b-replay"]}, args, log)
+        b_replay = _run_job("B-replay", args.b_model, {**replay, "DELAYCOMM_STATS": dirs["b-replay"]}, args, log)
         _profile(dirs["b-prod"], profile_b, log)
     result["load_after"] = os.getloadavg()
     result["wall_s"] = round(time.time() - t0, 1)

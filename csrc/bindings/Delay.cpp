@@ -265,6 +265,7 @@ void bindDelay(py::module_& m) {
           py::arg("ns"))
       .def("quantile_ns", &LatencyEstimate::quantileNs, py::arg("q"))
       .def("mean_ns", &LatencyEstimate::meanNs)
+      .def("smallest_ns", &LatencyEstimate::smallestNs)
       .def_property_readonly("count", &LatencyEstimate::count)
       .def_property_readonly_static("halving_every", [](const py::object&) { return LatencyEstimate::kHalvingEvery; })
       .def_property_readonly_static("min_samples", [](const py::object&) { return LatencyEstimate::kMinSamples; });

@@ -8,6 +8,7 @@
 
 #include "delay/DeferredWork.hpp"
 #include "delay/DelayTimeout.hpp"
+#include "delay/Profile.hpp"
 #include "delay/Units.hpp"
 #ifdef DELAYCOMM_WITH_CUDA
 #include "delay/GpuDelay.hpp"
@@ -44,6 +45,12 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     for (const OpKind kind : options_.ops) {
       TORCH_INTERNAL_ASSERT(opInfo(kind).delayable, "delaycomm: DelayInjector: ", opName(kind), " is not delayable");
       delayOp_[static_cast<int>(kind)] = true;
+    }
+    if (const auto& profile = schedule_->sampler().distribution().profile()) {
+      for (int k = 0; k < kNumOpKinds; ++k) {
+        if (delayOp_[static_cast<size_t>(k)])
+          fallbackNote_[static_cast<size_t>(k)] = profile->fallbackOf(k);
+      }
     }
     if (options_.mode != DelayMode::kAdd) {
       local_ = std::make_shared<LocalLatency>();
@@ -88,10 +95,20 @@ bool pointToPoint(OpKind op) {
 
 }  // namespace
 
+void DelayInjector::noteFallback(OpKind op) const {
+  const auto& note = fallbackNote_[static_cast<size_t>(op)];
+  if (note.empty() || fallbackWarned_[static_cast<size_t>(op)].exchange(true, std::memory_order_relaxed)) {
+    return;
+  }
+  warn(c10::str("delaycomm: the delay profile has no ", opName(op), ": its calls draw from ", note,
+                " (docs/delay.md, \"Replay into another job\"); warned once per op"));
+}
+
 int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
   if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
     return 0;
   }
+  noteFallback(op);
   return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes},
                             /*ownDraw=*/pointToPoint(op));
 }
@@ -115,6 +132,7 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   if (!schedule_ || !delayOp_[static_cast<int>(op.kind)]) {
     return 0;
   }
+  noteFallback(op.kind);
   const CallSize at{static_cast<int>(op.kind), op.bytes};
   const auto latest =
       schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
@@ -130,7 +148,10 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   // where L at T's own quantile made the tail short by X's spread above its typical value (docs/delay.md, "Why
   // the mean").
   const int64_t own = untimed ? -1 : local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
-  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, own));
+  // Before calibration a low provisional estimate (LocalLatency::provisionalNs) keeps the call from running long
+  // by this machine's whole latency.
+  const int64_t guess = own >= 0 || untimed ? own : local_->provisionalNs(op.kind, sizeClassOf(op.bytes));
+  const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, guess));
   // Every peer already waits in the op when this rank issues it: the rest is this machine's own latency.
   *observe = untimed ? -1 : added;
   auto& s = stats_->op(op.kind);
@@ -153,13 +174,16 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
     }
     auto& warned = uncalibratedWarned_[static_cast<size_t>(op.kind) * kSizeClasses + static_cast<size_t>(cls)];
     if (!warned.exchange(true, std::memory_order_relaxed)) {
-      warn(c10::str("delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
-                    sizeClassBytes(cls), "): this machine's own latency is not estimated yet (",
-                    local_->at(op.kind, cls).count(), " of ", LatencyEstimate::kMinSamples,
-                    " observations), so this call and the next ones of the class until it is get the whole target ",
-                    "added, as delay_mode=add does (their latency comes out long by this machine's own). Counted in "
-                    "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
-                    "class"));
+      warn(c10::str(
+          "delaycomm: delay_mode=match: ", opName(op.kind), " of ", op.bytes, " bytes (size class ",
+          sizeClassBytes(cls), "): this machine's own latency is not estimated yet (", local_->at(op.kind, cls).count(),
+          " of ", LatencyEstimate::kMinSamples,
+          " observations), so this call and the next ones of the class until it is get the target less a ",
+          "low provisional estimate (the class's smallest observation so far, or the 10th percentile of the op's ",
+          "nearest smaller calibrated class), or the whole target with neither, as delay_mode=add does. ",
+          "Counted in "
+          "stats()[\"ops\"][op][\"by_size\"][i][\"match\"][\"uncalibrated\"]; warned once per op and size "
+          "class"));
     }
   } else if (own >= latest.ns) {
     s.matchNothingAdded.fetch_add(1, std::memory_order_relaxed);

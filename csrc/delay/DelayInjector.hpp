@@ -140,6 +140,7 @@ class DelayInjector {
   static void endHold(std::optional<trace::TraceRecord>& record);
   // The rank whose delay holds the call back longest (every rank computes the same); -1: none.
   int64_t carrierOf(const Op& op) const;
+  void noteFallback(OpKind op) const;  // profile:FILE: warns once that an op the profile lacks draws from others
 
   const int rank_;
   const Options options_;
@@ -156,7 +157,10 @@ class DelayInjector {
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> nothingAddedWarned_{};
   std::array<std::atomic<bool>, kNumOpKinds * kSizeClasses> uncalibratedWarned_{};
   std::array<std::atomic<bool>, kNumOpKinds> untimedWarned_{};  // cuda ops under delay_mode=auto's match
-  std::atomic<int64_t> timeoutMs_;                              // timeout(); options_.timeout until setTimeout()
+  // profile:FILE: what an op the profile lacks draws from (DelayProfile::fallbackOf), warned once per op.
+  std::array<std::string, kNumOpKinds> fallbackNote_{};
+  mutable std::array<std::atomic<bool>, kNumOpKinds> fallbackWarned_{};
+  std::atomic<int64_t> timeoutMs_;  // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };
 

@@ -61,8 +61,8 @@ int64_t LatencyEstimate::quantileNs(double q) const {
   return -1;  // unreachable: the last bucket with a count reaches n
 }
 
-int64_t LatencyEstimate::meanNs() const {
-  if (total_.load(std::memory_order_relaxed) < kMinSamples) {
+int64_t LatencyEstimate::meanOf(uint64_t minSamples) const {
+  if (total_.load(std::memory_order_relaxed) < std::max<uint64_t>(minSamples, 1)) {
     return -1;
   }
   double n = 0.0;
@@ -79,6 +79,39 @@ LocalLatency::~LocalLatency() {
   for (auto& e : estimates_) {
     delete e.load(std::memory_order_acquire);
   }
+}
+
+int64_t LocalLatency::provisionalNs(OpKind op, int sizeClass) const {
+  const auto find = [&](int c) {
+    return estimates_[static_cast<size_t>(op) * kSizeClasses + static_cast<size_t>(c)].load(std::memory_order_acquire);
+  };
+  if (const LatencyEstimate* e = find(sizeClass)) {
+    const int64_t own = e->smallestNs();
+    if (own >= 0) {
+      return own;
+    }
+  }
+  for (int c = sizeClass - 1; c >= 0; --c) {
+    if (const LatencyEstimate* e = find(c)) {
+      const int64_t own = e->quantileNs(0.1);
+      if (own >= 0) {
+        return own;
+      }
+    }
+  }
+  return -1;
+}
+
+int64_t LatencyEstimate::smallestNs() const {
+  if (total_.load(std::memory_order_relaxed) == 0) {
+    return -1;
+  }
+  for (int b = 0; b < kBuckets; ++b) {
+    if (buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed) > 0) {
+      return static_cast<int64_t>(kMinNs * std::exp(b * kLogBase));
+    }
+  }
+  return -1;  // every weight halved away: nothing to go by
 }
 
 LatencyEstimate& LocalLatency::at(OpKind op, int sizeClass) {

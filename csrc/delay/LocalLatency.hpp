@@ -35,12 +35,16 @@ class LatencyEstimate {
   // The q-quantile in ns of the weighted observations, or -1 while fewer than kMinSamples were recorded.
   int64_t quantileNs(double q) const;
   // The weighted mean in ns (each bucket at its geometric middle), or -1 while fewer than kMinSamples were recorded.
-  int64_t meanNs() const;
+  int64_t meanNs() const { return meanOf(kMinSamples); }
+  // The smallest observation in ns (its bucket's lower edge; -1 with none): the provisional estimate before
+  // calibration, low on purpose (a first call's set-up or queueing must not cancel the delays of the next ones).
+  int64_t smallestNs() const;
   // Observations recorded over the estimate's life (not forgotten by the halvings).
   uint64_t count() const { return total_.load(std::memory_order_relaxed); }
 
  private:
   void halve();
+  int64_t meanOf(uint64_t minSamples) const;
 
   std::array<std::atomic<uint64_t>, kBuckets> buckets_{};
   std::atomic<uint64_t> total_{0};
@@ -55,6 +59,11 @@ class LocalLatency : public OwnLatencySink {
 
   // The estimate of (op, size class) (size classes: stats/Histogram.hpp's sizeClassOf).
   LatencyEstimate& at(OpKind op, int sizeClass);
+  // Before (op, size class) is calibrated: a provisional own latency, so that a call is not delayed by the whole
+  // target (long by this machine's own latency): the smallest observation of the class, else the 10th percentile of
+  // the op's nearest smaller calibrated class (a smaller call takes no longer), else -1. Both are low estimates: a
+  // call before calibration may come out a little long, never short by an outlier.
+  int64_t provisionalNs(OpKind op, int sizeClass) const;
   void record(OpKind op, int sizeClass, int64_t ns) override { at(op, sizeClass).record(ns); }
 
  private:

@@ -133,10 +133,25 @@ void DelayProfile::OpDists::finish() {
   }
 }
 
+// The class a call draws from: its size class, except that a size just under a power of two (within 1e-3: nccl-tests
+// and frameworks round a count down to whole elements per rank) draws from that power of two's class, as the profile
+// builder snaps such a table row (delaycomm/sources/read.py, row_class_bytes).
+static int drawClassOf(int64_t bytes) {
+  if (bytes > 1) {
+    const int up = 64 - __builtin_clzll(static_cast<uint64_t>(bytes - 1));  // 2^up >= bytes
+    if (up < 63) {
+      const int64_t pow2 = int64_t{1} << up;
+      if (pow2 != bytes && (pow2 - bytes) * 1000 <= pow2)
+        return sizeClassOf(pow2);
+    }
+  }
+  return sizeClassOf(bytes);
+}
+
 double DelayProfile::OpDists::quantileNs(double u, int64_t bytes) const {
   if (bytes < 0 || classes.empty())
     return pooled.quantileNs(u);
-  const Interp& t = table[static_cast<size_t>(sizeClassOf(bytes))];
+  const Interp& t = table[static_cast<size_t>(drawClassOf(bytes))];
   const double lo = classes[static_cast<size_t>(t.lo)].second.quantileNs(u);
   if (t.lo == t.hi)
     return lo;
@@ -146,12 +161,58 @@ double DelayProfile::OpDists::quantileNs(double u, int64_t bytes) const {
   return (1.0 - t.w) * lo + t.w * hi;
 }
 
+int DelayProfile::familyOf(int op) {
+  switch (static_cast<OpKind>(op)) {
+    case OpKind::kAllreduce:
+    case OpKind::kAllreduceCoalesced:
+    case OpKind::kReduce:
+    case OpKind::kReduceScatter:
+    case OpKind::kReduceScatterBase:
+    case OpKind::kReduceScatterTensorCoalesced:
+      return 0;
+    case OpKind::kAllgather:
+    case OpKind::kAllgatherBase:
+    case OpKind::kAllgatherCoalesced:
+    case OpKind::kAllgatherIntoTensorCoalesced:
+    case OpKind::kGather:
+    case OpKind::kAlltoallBase:
+    case OpKind::kAlltoall:
+      return 1;
+    case OpKind::kBroadcast:
+    case OpKind::kScatter:
+      return 2;
+    case OpKind::kSend:
+    case OpKind::kRecv:
+    case OpKind::kRecvAnysource:
+      return 3;
+    default:
+      return 4;
+  }
+}
+
+std::string DelayProfile::fallbackOf(int op) const {
+  if (op < 0 || op >= kNumOpKinds || present_[static_cast<size_t>(op)])
+    return "";
+  const int fam = familyOf(op);
+  if (!familyPresent_[static_cast<size_t>(fam)])
+    return "every op of the profile pooled (it has no op of the same kind)";
+  std::string names;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    if (present_[static_cast<size_t>(k)] && familyOf(k) == fam)
+      names += std::string(names.empty() ? "" : ", ") + opName(static_cast<OpKind>(k));
+  }
+  return "the profile's ops of the same kind (" + names + "), nearest in size";
+}
+
 double DelayProfile::quantile(double u, int op, int64_t bytes) const {
   const bool known = op >= 0 && op < kNumOpKinds && present_[static_cast<size_t>(op)];
   if (op < 0 && bytes < 0)
     return all_.quantileNs(u) * 1e-9;
-  const OpDists& d = known ? ops_[static_cast<size_t>(op)] : pooledOps_;
-  return d.quantileNs(u, bytes) * 1e-9;
+  if (known)
+    return ops_[static_cast<size_t>(op)].quantileNs(u, bytes) * 1e-9;
+  if (op >= 0 && op < kNumOpKinds && familyPresent_[static_cast<size_t>(familyOf(op))])
+    return families_[static_cast<size_t>(familyOf(op))].quantileNs(u, bytes) * 1e-9;
+  return pooledOps_.quantileNs(u, bytes) * 1e-9;
 }
 
 double DelayProfile::mean() const {
@@ -261,6 +322,26 @@ std::shared_ptr<const DelayProfile> DelayProfile::fromClasses(const std::vector<
   }
   p->pooledOps_.finish();
   p->all_ = p->pooledOps_.pooled;
+  // The fallback of an op the profile lacks: the ops of its kind pooled per size class.
+  for (int fam = 0; fam < kFamilies; ++fam) {
+    OpDists& f = p->families_[static_cast<size_t>(fam)];
+    for (int c = 0; c < kSizeClasses; ++c) {
+      Dist pooled;
+      for (int k = 0; k < kNumOpKinds; ++k) {
+        if (!p->present_[static_cast<size_t>(k)] || familyOf(k) != fam)
+          continue;
+        for (const auto& [cls, d] : p->ops_[static_cast<size_t>(k)].classes) {
+          if (cls == c)
+            pooled.add(d);
+        }
+      }
+      if (pooled.count)
+        f.classes.emplace_back(c, std::move(pooled));
+    }
+    p->familyPresent_[static_cast<size_t>(fam)] = !f.classes.empty();
+    if (!f.classes.empty())
+      f.finish();
+  }
   return p;
 }
 

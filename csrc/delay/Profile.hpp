@@ -47,8 +47,10 @@ struct ProfileClassInfo {
 // lacks interpolates between the op's nearest classes below and above (geometrically in the latency, linearly in
 // the class index, i.e. in log2 of the size); beyond its smallest or largest class, the nearest one is used. Rare
 // classes (kMinClassCalls) count as lacking where the op has a class that is not rare. An
-// op the profile lacks (or op < 0) draws from every op of the profile pooled per size class; bytes < 0 (a draw
-// without a call, e.g. DelayedLoader's) draws from the op's classes pooled.
+// op the profile lacks draws from the profile's ops of the same kind (familyOf: reductions, gathers, broadcasts,
+// point-to-point) pooled per size class, nearest in size as above, and from every op pooled only when the profile
+// has no op of its kind (or op < 0); fallbackOf says which. bytes < 0 (a draw without a call, e.g. DelayedLoader's)
+// draws from the op's classes pooled.
 //
 // Threads: immutable after loading; safe from any thread.
 class DelayProfile {
@@ -72,7 +74,13 @@ class DelayProfile {
   };
 
   double quantile(double u, int op, int64_t bytes) const;  // seconds
-  double mean() const;                                     // seconds, of every call pooled
+  // The kind an op draws with when the profile lacks it: 0 reductions (all-reduce, reduce, reduce-scatter), 1
+  // gathers (all-gather, gather, all-to-all), 2 broadcasts (broadcast, scatter), 3 point-to-point, 4 the rest.
+  static constexpr int kFamilies = 5;
+  static int familyOf(int op);
+  // For an op the profile lacks, what its calls draw from ("" when the profile has the op).
+  std::string fallbackOf(int op) const;
+  double mean() const;  // seconds, of every call pooled
   uint64_t digest() const { return digest_; }
   uint64_t calls() const { return all_.count; }
   int ops() const;
@@ -101,7 +109,9 @@ class DelayProfile {
 
   std::array<OpDists, kNumOpKinds> ops_{};
   std::array<bool, kNumOpKinds> present_{};
-  OpDists pooledOps_;  // every op pooled per size class (the fallback)
+  OpDists pooledOps_;  // every op pooled per size class (the fallback of an op whose kind the profile lacks)
+  std::array<OpDists, kFamilies> families_{};  // the ops of each kind pooled per size class
+  std::array<bool, kFamilies> familyPresent_{};
   Dist all_;
   uint64_t digest_ = 0;
 };

@@ -125,7 +125,7 @@ def format_rows(profile_path: str, rows: list[dict[str, Any]]) -> str:
     header = [
         f"delaycomm profile compare {profile_path}: target (what the replay draws) vs achieved (what its callers "
         "experienced), every rank pooled; short: target below this machine's own latency (nothing added); "
-        "uncal: carried before the own-latency estimate was calibrated (whole target added)"
+        "uncal: carried before the own-latency estimate was calibrated (provisional own latency)"
     ]
     return table.format_table(_COLUMNS, rows, header=header)
 

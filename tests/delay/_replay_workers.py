@@ -79,3 +79,18 @@ def target_below_own_latency(rank, world_size, init_method, profile, n=60):
         "match": g["ops"]["allreduce"]["match"],
         "report": text,
     }
+
+
+def op_the_profile_lacks(rank, world_size, init_method, profile, n=4):
+    """A profile of all-reduces only, replayed into calls of reduce and broadcast: each draws from what the profile
+    has of its kind, and says so once."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        dist.init_process_group("delaycomm", init_method=init_method, rank=rank, world_size=world_size,
+                                pg_options=delaycomm.DelayConfig(delay=f"profile:{profile}"))  # fmt: skip
+        t = torch.ones(256)
+        for _ in range(n):
+            dist.reduce(t, 0)
+            dist.broadcast(t, 0)
+    dist.destroy_process_group()
+    return [str(m.message) for m in caught]

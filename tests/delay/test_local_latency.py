@@ -31,6 +31,13 @@ def test_no_answer_before_the_minimum_then_the_quantiles_of_what_was_recorded():
     assert e.count == 400
 
 
+def test_before_calibration_the_smallest_observation_is_the_provisional_estimate():
+    e = _C._LatencyEstimate()
+    assert e.smallest_ns() == -1  # nothing observed: the whole target is added
+    e.record_many([20 * MS, MS, 3 * MS])  # a first call slowed by set-up must not cancel the next calls' delays
+    assert e.mean_ns() == -1 and e.smallest_ns() == pytest.approx(MS, rel=0.04)
+
+
 def test_a_machine_that_gets_slower_is_followed_within_a_few_halvings():
     every = _C._LatencyEstimate.halving_every
     e = _est([MS] * (20 * every))  # a long quiet start

@@ -68,10 +68,15 @@ def test_each_call_draws_from_its_op_and_size_class_interpolating_between_classe
     assert p50_ms("allreduce", 8) == pytest.approx(2.0, rel=0.02)  # below the smallest class: the smallest
     assert p50_ms("allreduce", 1 << 30) == pytest.approx(8.0, rel=0.02)  # above the largest: the largest
     assert p50_ms("broadcast", 1 << 20) == pytest.approx(6.0, rel=0.02)
-    # An op the profile lacks: every op of the profile pooled per size class (half 2 ms, half 6 ms at 1 KiB).
-    assert s.quantile(0.25, op="reduce", nbytes=1024) * 1e3 == pytest.approx(2.0, rel=0.02)
-    assert s.quantile(0.75, op="reduce", nbytes=1024) * 1e3 == pytest.approx(6.0, rel=0.02)
+    # An op the profile lacks draws from the profile's ops of its kind, nearest in size: reduce from allreduce
+    # (a reduction), scatter from broadcast; barrier, whose kind the profile lacks, from every op pooled per size
+    # class (half 2 ms, half 6 ms at 1 KiB).
+    for q in (0.25, 0.75):
+        assert s.quantile(q, op="reduce", nbytes=1024) * 1e3 == pytest.approx(2.0, rel=0.02)
+        assert s.quantile(q, op="scatter", nbytes=1024) * 1e3 == pytest.approx(6.0, rel=0.02)
     assert s.quantile(0.5, op="reduce", nbytes=65536) * 1e3 == pytest.approx(8.0, rel=0.02)
+    assert s.quantile(0.25, op="barrier", nbytes=1024) * 1e3 == pytest.approx(2.0, rel=0.02)
+    assert s.quantile(0.75, op="barrier", nbytes=1024) * 1e3 == pytest.approx(6.0, rel=0.02)
     # The schedule draws the same per (op, size): counter-based, so any rank can compute any rank's.
     sched = _C.DelaySchedule(f"profile:{path}", 1.0, seed=7)
     d = [sched.delay_ns(1, 0, seq, op="allreduce", nbytes=65536) for seq in range(200)]

@@ -230,6 +230,17 @@ def test_a_target_below_this_machines_latency_is_counted_per_size_and_warned_onc
 
 @pytest.mark.multiproc
 @pytest.mark.timeout(60)
+def test_an_op_the_profile_lacks_draws_from_its_kind_and_says_so_once(tmp_path):
+    prof = _write(tmp_path / "p.json", {"allreduce": [_class(1e6, 1024)]})
+    for caught in spawn(w.op_the_profile_lacks, 2, timeout=55, profile=prof):
+        lacks = [x for x in caught if "the delay profile has no" in x]
+        assert len([x for x in lacks if "no reduce:" in x]) == 1, caught
+        assert any("no reduce: its calls draw from the profile's ops of the same kind (allreduce)" in x for x in lacks)
+        assert any("no broadcast: its calls draw from every op of the profile pooled" in x for x in lacks), caught
+
+
+@pytest.mark.multiproc
+@pytest.mark.timeout(60)
 def test_match_mode_agrees_on_the_carrier_after_a_send():
     # A send from rank 0 to rank 1 leaves rank 2 one call behind in the group's sequence; the carrier is drawn at
     # the count of collectives, which every rank makes, so every all-reduce still waits for its delay.

@@ -151,7 +151,8 @@ def format_table(data: dict[str, Any]) -> str:
 def _match_lines(ops: dict[str, Any]) -> list[str]:
     """delay_mode=match's exceptions per op and size class (docs/delay.md, "Match mode"): calls whose target was
     shorter than this machine's own latency (nothing added: the call took longer than its target), and calls
-    carried before the own-latency estimate was calibrated (the whole target added, as delay_mode=add)."""
+    carried before the own-latency estimate was calibrated (the target less a provisional own latency, or the
+    whole target without one)."""
     lines = []
     for name, op in sorted(ops.items()):
         carried = op.get("match", {}).get("calls", 0)
@@ -161,7 +162,7 @@ def _match_lines(ops: dict[str, Any]) -> list[str]:
             if short or uncal:
                 lines.append(
                     f"# match: {name} {format_size(c['bytes'])}: target shorter than the own latency on {short} "
-                    f"call(s) (nothing added), uncalibrated on {uncal} (whole target added), of {c['calls']} "
+                    f"call(s) (nothing added), uncalibrated on {uncal} (provisional own latency), of {c['calls']} "
                     f"call(s) ({carried} carried by this rank for the op)"
                 )
     return lines

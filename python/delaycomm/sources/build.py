@@ -70,10 +70,29 @@ def _distance(a: costmodel.Topology, b: costmodel.Topology) -> float:
     return abs(math.log(a.ranks / b.ranks)) + abs(math.log(a.nodes / b.nodes))
 
 
+_SMALLEST_CLASS = 8  # bytes: the smallest class a re-targeted profile holds (one double)
+
+
+def _rows_by_op(sources: list[Source], target: costmodel.Topology) -> dict[str, list[tuple[float, int, int, Source]]]:
+    """Per op, every source row as (distance of its source from the target scale, source index, bytes, source)."""
+    out: dict[str, list[tuple[float, int, int, Source]]] = {}
+    for i, s in enumerate(sources):
+        d = _distance(s.topology, target)
+        for op, nbytes in s.samples:
+            out.setdefault(op, []).append((d, i, nbytes, s))
+    return out
+
+
 def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmodel.CostModel]:
-    """Each (op, size class) from the source nearest the target scale, its samples scaled by the model's ratio of
-    the target's time to the source's."""
+    """Every class the model can predict at the target scale, from 8 B to the sources' largest per-rank size: the
+    samples of the source row nearest the target scale (then nearest in size), times the model's time of the class
+    at the target over its time of that row at the row's scale."""
     target = costmodel.Topology(opt.ranks, opt.nodes, opt.nics_per_node)
+    if target.ranks == 1:
+        raise SourceError(
+            "delaycomm: profile: --ranks 1: a single rank communicates nothing, so there is no latency to re-target "
+            "(a job of one rank needs no delay profile)"
+        )
     for s in sources:
         if s.topology is None:
             raise SourceError(
@@ -85,45 +104,73 @@ def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmode
         model = costmodel.fit(obs)
     except costmodel.ModelError as e:
         raise SourceError(f"delaycomm: profile: --ranks: {e}") from None
-    chosen: dict[tuple[str, int], tuple[float, int, Source]] = {}
-    for i, s in enumerate(sources):
-        d = _distance(s.topology, target)
-        for op, nbytes in s.samples:
-            key = (op, size_class_bytes(row_class_bytes(nbytes)))
-            if key not in chosen or (d, i) < chosen[key][:2]:
-                chosen[key] = (d, i, s)
     samples: dict[tuple[str, int], np.ndarray] = {}
     notes: dict[str, list[dict]] = {}
-    for (op, cls), (_, _, s) in sorted(chosen.items()):
+    refused: dict[str, dict] = {}
+    for op, rows in sorted(_rows_by_op(sources, target).items()):
         c = collective_of_op(op)
         if c is None or c.name not in model.fits:
             raise SourceError(f"delaycomm: profile: --ranks: op {op} has no collective the model fits")
-        for (sop, nbytes), parts in s.samples.items():
-            if sop != op or size_class_bytes(row_class_bytes(nbytes)) != cls:
-                continue
-            src_topo = costmodel.Topology(s.topology.ranks, s.topology.nodes, opt.nics_per_node)
+        near = min(r[0] for r in rows)
+        rows = [r for r in rows if r[0] == near]
+        largest = max(size_class_bytes(row_class_bytes(r[2])) for r in rows)
+        cls = _SMALLEST_CLASS
+        while cls <= largest:
+            _, _, nbytes, s = min(rows, key=lambda r: (abs(math.log2(max(r[2], 1) / cls)), r[1]))
             try:
-                t_src = model.seconds(c.name, c.total_bytes(max(nbytes, 1), src_topo.ranks), src_topo)
-                t_dst = model.seconds(c.name, c.total_bytes(max(nbytes, 1), target.ranks), target)
-                algo = model.algorithm(c.name, c.total_bytes(max(nbytes, 1), target.ranks), target)
+                samples[(op, cls)], note = _scaled(model, c, s, op, nbytes, cls, target, opt)
+                notes.setdefault(op, []).append(note)
             except costmodel.ModelError as e:
-                raise SourceError(f"delaycomm: profile: --ranks: {e}") from None
-            ratio = t_dst / t_src if t_src > 0 else 1.0
-            samples[(op, nbytes)] = _merge_samples(parts) * ratio
-            notes.setdefault(op, []).append(
-                {"bytes": nbytes, "from": s.path, "scale": ratio, "algorithm": algo, "predicted_us": t_dst * 1e6}
-            )
+                refused.setdefault(op, {"classes": [], "why": str(e)})["classes"].append(cls)
+            cls <<= 1
+    if not samples:
+        why = "; ".join(f"{op}: {r['why']}" for op, r in refused.items())
+        raise SourceError(f"delaycomm: profile: --ranks: the model can predict no class at the target: {why}")
     meta = {
         "ranks": target.ranks,
         "nodes": target.nodes,
         "gpus_per_node": target.gpus_per_node,
         "nics_per_node": opt.nics_per_node or target.gpus_per_node,
-        "rule": "each (op, size class) from the source nearest this scale (|ln ranks ratio| + |ln nodes ratio|), "
-        "its samples times the model's time here / its time at the source's scale",
+        "rule": "every class from 8 B to the sources' largest per-rank size: the samples of the row nearest this "
+        "scale (|ln ranks ratio| + |ln nodes ratio|), then nearest in size, times the model's time of the class "
+        "here over its time of that row at the row's scale; a class outside the sources' sizes is the model's "
+        "extrapolation (extrapolated: true)",
         "sources": [{"path": s.path, "ranks": s.topology.ranks, "nodes": s.topology.nodes} for s in sources],
         "classes": notes,
+        "refused": refused or None,
     }
     return samples, meta, model
+
+
+def _scaled(
+    model: costmodel.CostModel,
+    c,
+    s: Source,
+    op: str,
+    nbytes: int,
+    cls: int,
+    target: costmodel.Topology,
+    opt: Options,
+) -> tuple[np.ndarray, dict]:
+    """The row's samples scaled to the class at the target, and the note that says how."""
+    src_topo = costmodel.Topology(s.topology.ranks, s.topology.nodes, opt.nics_per_node)
+    row = row_class_bytes(nbytes)
+    t_src = model.seconds(c.name, c.total_bytes(max(row, 1), src_topo.ranks), src_topo)
+    t_dst = model.seconds(c.name, c.total_bytes(cls, target.ranks), target)
+    algo, proto = model.choice(c.name, c.total_bytes(cls, target.ranks), target)
+    ratio = t_dst / t_src if t_src > 0 else 1.0
+    lo = min(size_class_bytes(row_class_bytes(b)) for o, b in s.samples if o == op)
+    note = {
+        "bytes": cls,
+        "from": s.path,
+        "from_bytes": nbytes,
+        "scale": ratio,
+        "algorithm": algo,
+        "protocol": proto,
+        "predicted_us": t_dst * 1e6,
+        "extrapolated": cls < lo,
+    }
+    return _merge_samples(s.samples[(op, nbytes)]) * ratio, note
 
 
 _LATENCY = {
