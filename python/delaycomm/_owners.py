@@ -256,10 +256,13 @@ _in_scaler = threading.local()
 
 
 def _stepped(optimizer, args, kwargs) -> None:
-    # torch.optim steps a parameter only when its .grad is not None: the others' step is skipped.
+    # torch.optim steps a parameter only when its .grad is not None: the others' step is skipped. A parameter with
+    # no elements here has nothing to consume: FSDP1 with use_orig_params=True leaves each parameter outside this
+    # rank's shard empty, its .grad None by design, on some ranks and not on others; counted as skipped it would
+    # keep its stream fresh on those ranks alone, and the ranks would disagree on who is late.
     consumed, skipped = [], []
     for p in _params_of(optimizer):
-        (consumed if p.grad is not None else skipped).append(p)
+        (consumed if p.grad is not None or p.numel() == 0 else skipped).append(p)
     with _lock:
         _step_events[optimizer] = _step_events.get(optimizer, 0) + 1
     if getattr(_in_scaler, "optimizer", None) is optimizer:
