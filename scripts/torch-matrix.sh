@@ -44,6 +44,7 @@ print("# torch", torch.__version__, "(CUDA", torch.version.cuda, ") delaycomm bu
         -p no:cacheprovider -n 2 --dist loadfile -m "not slow" "${tests[@]}") >>"$log" 2>&1 || status="tests FAILED"
     fi
   fi
+  sed -i "/^WARNING: Location 'file:/d" "$log"  # pip's notes on this machine's local package folders
   line="torch $version: $status; $(grep -E '^[0-9]+ (passed|failed)|[0-9]+ passed' "$log" | tail -1)"
   echo "$line" | tee -a "$out/summary.txt"
   [ "$status" = ok ] || rc_all=1
