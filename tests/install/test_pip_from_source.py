@@ -78,19 +78,26 @@ print("torch", torch.__version__, "delaycomm requires", requires, "allreduce cal
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1800)
-def test_the_readme_recipe_in_a_fresh_venv(tmp_path):
+@pytest.mark.timeout(300)
+def test_without_torch_plain_pip_install_stops_saying_how_and_leaves_no_build_dir(tmp_path):
     src = str(tmp_path / "delaycomm")
     _copy_source(src)
-    # a venv without torch first: plain `pip install .` stops at once, saying how, and leaves no build/ behind
-    bare = str(tmp_path / "bare")
-    subprocess.run([sys.executable, "-m", "venv", bare], check=True)
-    out = _run("pip install .", src, _user_env(bare))
+    venv = str(tmp_path / "venv")
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    out = _run("pip install .", src, _user_env(venv))
     assert out.returncode != 0
     assert "pip install --no-build-isolation ." in out.stdout + out.stderr
     assert not os.path.exists(os.path.join(src, "build"))
-    shutil.rmtree(bare)
 
+
+# NOTE: under 420 s on the quiet CI machine (its set-up stage builds the same in 145-206 s), pyproject.toml's
+# faulthandler_timeout, which ends the run. On a loaded machine, raise both: INSTALL_TEST_TIMEOUT=1700 ... pytest
+# -o faulthandler_timeout=1800.
+@pytest.mark.slow
+@pytest.mark.timeout(int(os.environ.get("INSTALL_TEST_TIMEOUT", "400")))
+def test_the_readme_recipe_in_a_fresh_venv(tmp_path):
+    src = str(tmp_path / "delaycomm")
+    _copy_source(src)
     venv = str(tmp_path / "venv")
     subprocess.run([sys.executable, "-m", "venv", venv], check=True)
     env = _user_env(venv)
