@@ -188,7 +188,7 @@ def _cmake(info: dict) -> str:
 # which scripts/setup.sh installs; a test holds the two together).
 # The oldest torch release the sources build and pass the tests against (pyproject.toml's dependency says the same;
 # docs/install.md, "Supported torch releases").
-MIN_TORCH = "2.13"
+MIN_TORCH = "2.12"
 BUILD_TOOLS = "'scikit-build-core>=0.10' 'cmake>=3.26' ninja"
 NOT_FOUND = """\
 delaycomm compiles against the torch installed in the environment it is installed into, and {python} has none.

@@ -247,3 +247,45 @@ def test_import_under_another_torch_raises_naming_both_releases():
     last = out.stderr.strip().splitlines()[-1]
     assert last.startswith("ImportError: delaycomm was built against torch " + torch.__version__)
     assert "this is torch 2.99.0" in last and "pip install --no-build-isolation" in last
+
+
+def test_the_first_group_under_another_torch_raises_naming_both_releases():
+    """Through the entry point (`import torch` alone registered the backend), the native module loads at the first
+    group: the same error there."""
+    code = (
+        "import torch, torch.distributed as dist; torch.__version__ = '2.99.0'\n"
+        "dist.init_process_group('delaycomm', store=dist.HashStore(), rank=0, world_size=1)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1"),
+    )
+    assert out.returncode == 1
+    assert "ImportError: delaycomm was built against torch " + torch.__version__ in out.stderr
+    assert "this is torch 2.99.0" in out.stderr
+
+
+@pytest.mark.slow
+def test_a_build_dir_configured_for_another_torch_stops_the_configure(tmp_path):
+    """(The backend keys its default build directory by torch; a directory given with -Cbuild-dir is checked.)"""
+    cmake = os.path.join(os.path.dirname(sys.executable), "cmake")
+    out = subprocess.run(
+        [
+            cmake,
+            "-S",
+            REPO,
+            "-B",
+            str(tmp_path),
+            f"-DPython_EXECUTABLE={sys.executable}",
+            "-DDELAYCOMM_BUILT_FOR_TORCH=2.12.0 /elsewhere/torch",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    message = " ".join(out.stderr.split())
+    assert (
+        "was configured for torch 2.12.0 /elsewhere/torch, and the installed torch is " + torch.__version__ in message
+    )
