@@ -289,3 +289,25 @@ def test_a_build_dir_configured_for_another_torch_stops_the_configure(tmp_path):
     assert (
         "was configured for torch 2.12.0 /elsewhere/torch, and the installed torch is " + torch.__version__ in message
     )
+
+
+@pytest.mark.parametrize("existed", [False, True])
+def test_a_failed_build_removes_the_build_dirs_it_created(tmp_path, monkeypatch, existed):
+    monkeypatch.chdir(tmp_path)
+    if existed:
+        (tmp_path / "build" / "torch-2.12.0").mkdir(parents=True)
+    settings = {"build-dir": "build/torch-2.13.0+cpu/{wheel_tag}"}
+
+    def failing_build():
+        (tmp_path / "build" / "torch-2.13.0+cpu" / "cp311-cp311-linux_x86_64" / "CMakeFiles").mkdir(parents=True)
+        raise SystemExit(1)
+
+    with pytest.raises(SystemExit):
+        delaycomm_build._cleaning_on_failure(settings, failing_build)
+    left = sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*"))
+    assert left == (["build", "build/torch-2.12.0"] if existed else [])
+    # a build that succeeds keeps its directory (the next build is incremental)
+    delaycomm_build._cleaning_on_failure(
+        settings, lambda: (tmp_path / "build" / "torch-2.13.0+cpu").mkdir(parents=True)
+    )
+    assert (tmp_path / "build" / "torch-2.13.0+cpu").is_dir()
