@@ -2,8 +2,9 @@
 
 # pyproject KEY: a setting of pyproject.toml. KEY is one of
 #   torch-cpu, torch-cuda   [tool.delaycomm.ci]: the torch releases CI builds and tests against
-#   requirements            everything scripts/setup.sh installs besides torch, one per line: the build
-#                           requirements, the runtime dependencies and the `test` and `lint` extras
+#   requirements            everything scripts/setup.sh installs besides torch, one per line: the build tools
+#                           ([tool.delaycomm] build-tools), the runtime dependencies and the `test` and `lint`
+#                           extras
 pyproject() {
   python3 - "$root/pyproject.toml" "$1" <<'PY'
 import re
@@ -22,7 +23,8 @@ if key in ("torch-cpu", "torch-cuda"):
 elif key == "requirements":
     runtime = [r for r in doc["project"]["dependencies"] if not re.match(r"torch\b", r)]
     extras = doc["project"]["optional-dependencies"]
-    print("\n".join(doc["build-system"]["requires"] + runtime + extras["test"] + extras["lint"]))
+    build = doc["tool"]["delaycomm"]["build-tools"]
+    print("\n".join(build + runtime + extras["test"] + extras["lint"]))
 else:
     sys.exit(f"scripts: unknown pyproject key {key!r}")
 PY

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Creates (or reuses) a virtual environment with torch and the tools, and builds delaycomm into it.
 #   scripts/setup.sh [VENV [TORCH_VERSION]]      defaults: .venv, and torch-cpu of pyproject.toml
-# What it installs besides torch is pyproject.toml's list (build requirements, dependencies, the `test` and `lint`
-# extras: the linters are small wheels, and CI lints in the same venv).
+# What it installs besides torch is pyproject.toml's list (the build tools of [tool.delaycomm], the dependencies,
+# the `test` and `lint` extras: the linters are small wheels, and CI lints in the same venv).
 #   DELAYCOMM_NO_BUILD=1     install only
 #   DELAYCOMM_BUILD_DIR=DIR  the build directory (default build/torch-VERSION)
 #   DELAYCOMM_BUILD_ARGS     more arguments for `pip install` of delaycomm (e.g. -Ccmake.define.X=Y)
-# NOTE: delaycomm compiles against the installed torch, so it is built with --no-build-isolation (an isolated
-# build environment would pull a multi-GB CUDA torch).
+# NOTE: built with --no-build-isolation: the build tools are installed here already, and an incremental build keeps
+# its build directory (docs/install.md says how users install: plain `pip install .` works too).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/scripts/lib.sh"

@@ -13,6 +13,7 @@
 
 #include <c10/core/Event.h>
 #include <c10/util/FunctionRef.h>
+#include <torch/version.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 
 #include "backend/DelayWork.hpp"
@@ -147,9 +148,12 @@ class DelayBackend : public c10d::Backend {
   at::Tensor allocateTensor(long size, at::TensorOptions options = {}) override;
   bool supportsTensorAlloc(c10::DeviceIndex deviceIdx) override;
   void eagerConnectSingleDevice(at::Device device) override;
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
+  // NOTE: Backend has these since torch 2.12 (docs/install.md, "Supported torch releases").
   void suspend() override;
   void resume() override;
   std::unordered_map<std::string, uint64_t> getMemoryStats() override;
+#endif
 
   // Staleness (when configured): a SUM/AVG all-reduce of one floating tensor as one step of stream `key`
   // (stale_allreduce), or with no key as a recognised gradient reduction (delaycomm.ddp_hook: the DDP bucket scope

@@ -68,6 +68,7 @@ void DelayBackend::eagerConnectSingleDevice(at::Device device) {
   }
 }
 
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 12)
 void DelayBackend::suspend() {
   if (!cudaInner_) {
     return c10d::Backend::suspend();
@@ -88,5 +89,6 @@ std::unordered_map<std::string, uint64_t> DelayBackend::getMemoryStats() {
   }
   return cudaInner_->getMemoryStats();
 }
+#endif
 
 }  // namespace delaycomm

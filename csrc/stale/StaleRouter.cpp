@@ -5,12 +5,20 @@
 #include <cmath>
 
 #include <c10/util/Exception.h>
+#include <torch/version.h>
 
 #include "delay/DelayInjector.hpp"
 #include "stale/Owners.hpp"
 #include "stale/StalenessEngine.hpp"
 
 namespace delaycomm {
+
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+using PreMulSumSupplement = c10d::PreMulSumSupplement;
+#else
+// NOTE: before torch 2.13 the supplement was c10d::NCCLPreMulSumSupplement (the same fields).
+using PreMulSumSupplement = c10d::NCCLPreMulSumSupplement;
+#endif
 
 namespace {
 
@@ -20,7 +28,7 @@ std::optional<double> premulSumFactor(const c10d::ReduceOp& reduceOp) {
   if (reduceOp.op_ != c10d::ReduceOp::PREMUL_SUM) {
     return std::nullopt;
   }
-  const auto* supplement = dynamic_cast<const c10d::PreMulSumSupplement*>(reduceOp.supplement_.get());
+  const auto* supplement = dynamic_cast<const PreMulSumSupplement*>(reduceOp.supplement_.get());
   if (supplement == nullptr || supplement->tensor_factor.defined()) {
     return std::nullopt;
   }

@@ -8,7 +8,15 @@ from __future__ import annotations
 
 import torch.distributed  # noqa: F401  (registers the c10d classes that _C derives from)
 
-from delaycomm import _C, schedule  # noqa: F401  (delaycomm.schedule.EpochWarmup)
+from delaycomm import _build
+
+_build.check_torch()  # the torch _C was built against is the one running, or an ImportError naming both
+try:
+    from delaycomm import _C  # noqa: F401
+except ImportError as _error:
+    raise _build.load_error(_error) from _error
+
+from delaycomm import schedule  # noqa: F401  (delaycomm.schedule.EpochWarmup)
 from delaycomm._backend import register
 from delaycomm._config import DelayConfig, configure, resolve
 from delaycomm._delay import DelayFit, DelaySampler, fit
