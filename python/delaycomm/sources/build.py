@@ -211,6 +211,7 @@ def build_profile(
             "(latency measured by delaycomm is not re-targeted: build it into a profile of its own)"
         )
     report: list[str] = []
+    sources = [_read(p, opt, kinds[p]) for p in others]  # every source read (and its bad values refused) first
     traces = [p for p in others if kinds[p] == "kineto"]
     for p in traces:  # calls the trace lost, and the injected delay (sources/injected.py)
         report.extend(injected.audit(p))
@@ -218,7 +219,7 @@ def build_profile(
         taken, lines = injected.corrections(traces)
         report.extend(lines)
         opt = dataclasses.replace(opt, injected=taken)
-    sources = [_read(p, opt, kinds[p]) for p in others]
+        sources = [_read(p, opt, kinds[p]) if p in traces else s for p, s in zip(others, sources)]
     retarget_meta = model = None
     if opt.ranks is not None:
         samples, retarget_meta, model = _retarget(sources, opt)
