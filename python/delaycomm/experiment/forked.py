@@ -126,7 +126,7 @@ def run_forked(
         del store
     if out.errors:
         from delaycomm._tools.launch import describe_exit
-        from delaycomm.experiment.script import shorten
+        from delaycomm.experiment.metrics import shorten_message as shorten
 
         rank = min(out.errors)
         err: Any = out.errors[rank]

@@ -183,3 +183,11 @@ def parse(lines: Iterable[str], source: str = "stdout") -> Parsed:
 
 def shorten(text: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 20] + " ... " + text[-min(15, limit // 4) :]
+
+
+MESSAGE_CHARS = 300  # an error line longer than this is shortened in the record and the table
+
+
+def shorten_message(text: str, limit: int = MESSAGE_CHARS) -> str:
+    """A run's error line as the record and the table keep it (its length said where it was cut)."""
+    return text if len(text) <= limit else text[: limit - 40] + f" ... ({len(text)} characters) ... " + text[-15:]

@@ -36,6 +36,7 @@ from typing import Any
 from delaycomm._tools.launch import describe_exit, stop_tree
 from delaycomm.experiment.configs import effect_problems
 from delaycomm.experiment.metrics import SEED_ENV, MetricLineError, parse
+from delaycomm.experiment.metrics import shorten_message as shorten
 from delaycomm.experiment.summary import telemetry
 
 __all__ = ["ScriptConfig", "ScriptJob", "option_names", "failure_message", "torchrun_exit"]
@@ -106,11 +107,6 @@ _RANK_PREFIX = re.compile(r"^\[(?:default)?rank\d+\]:\s?")  # torch's prefix of 
 # torchrun's error summary ("Root Cause (first observed failure):" then "rank : 0 (local_rank: 0)", "exitcode : 3")
 _SUMMARY_RANK = re.compile(r"^\s*rank\s*:\s*(\d+)")
 _SUMMARY_EXIT = re.compile(r"^\s*exitcode\s*:\s*(-?\d+)")
-MESSAGE_CHARS = 300  # an error line longer than this is shortened in the record and the table
-
-
-def shorten(text: str, limit: int = MESSAGE_CHARS) -> str:
-    return text if len(text) <= limit else text[: limit - 40] + f" ... ({len(text)} characters) ... " + text[-15:]
 
 
 def _error_line(path: Path) -> str | None:
