@@ -41,11 +41,9 @@ def pytest_collection_finish(session):
     loaded machine they take a minute, which that test's timeout would count (docs/ci.md, "Timing under load")."""
     if not _fork_server_started:
         return
-    import multiprocessing
+    from tests.harness.procs import wait_fork_server
 
-    probe = multiprocessing.get_context("forkserver").Process(target=os.getpid)  # forked once the imports are done
-    probe.start()
-    probe.join()
+    wait_fork_server()
 
 
 # The slowest files of the default run, slowest first (seconds on the 2-core VM, 4 workers, 2026-12-03:

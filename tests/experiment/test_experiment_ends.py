@@ -24,6 +24,7 @@ from delaycomm.experiment.cli import main
 from delaycomm.experiment.metrics import MAX_LINE, MetricLineError, parse
 from delaycomm.experiment.script import failure_message, torchrun_exit
 from delaycomm.experiment.study import record_path, run_study
+from tests.harness.procs import started_command
 
 JOB = Path(__file__).parent / "scripts" / "edge_job.py"
 
@@ -43,25 +44,26 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start(tmp_path: Path, cases: list[str], nproc: int) -> tuple[subprocess.Popen, Path, Path]:
-    """The experiment as a user starts it, on the real torchrun; returns it once every rank of the last (hanging)
-    seed has written its pids."""
+@contextlib.contextmanager
+def _started(tmp_path: Path, cases: list[str], nproc: int):
+    """The experiment as a user starts it, on the real torchrun (through the harness: bounded, and killed with its
+    session when the test ends); yields ``(proc, pids, out)`` once every rank of the last (hanging) seed has written
+    its pids."""
     pids, out = tmp_path / "pids", tmp_path / "out"
     pids.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith("DELAYCOMM_")}
     env.update(EDGE_PIDS=str(pids), EDGE_CASES=",".join(cases))
     cmd = [sys.executable, "-m", "delaycomm.experiment", "run", "--seeds", str(len(cases)), "--nproc", str(nproc)]
     cmd += ["--configs", "gloo", "--out", str(out), "--no-progress", "--", str(JOB)]
-    proc = subprocess.Popen(
-        cmd, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
-    )
-    deadline = time.monotonic() + 150
-    while len(list(pids.iterdir())) < nproc:
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            raise AssertionError(f"the job never reached its last seed: {proc.communicate()}")
-        time.sleep(0.2)
-    return proc, pids, out
+    with started_command(cmd, timeout=220, env=env, cwd=str(tmp_path)) as proc:
+        deadline = time.monotonic() + 150
+        while len(list(pids.iterdir())) < nproc:
+            if proc.poll() is not None:
+                raise AssertionError(f"the job ended before its last seed: {proc.communicate()}")
+            if time.monotonic() > deadline:
+                raise AssertionError("the job never reached its last seed in 150 s")
+            time.sleep(0.2)
+        yield proc, pids, out
 
 
 def _signal_and_check(proc: subprocess.Popen, pids: Path, sig: signal.Signals) -> str:
@@ -90,8 +92,8 @@ def _signal_and_check(proc: subprocess.Popen, pids: Path, sig: signal.Signals) -
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
 def test_ctrl_c_stops_the_run_in_flight_and_every_process_and_keeps_the_finished_runs(tmp_path):
-    proc, pids, out = _start(tmp_path, ["ok", "hang"], nproc=2)
-    line = _signal_and_check(proc, pids, signal.SIGINT)
+    with _started(tmp_path, ["ok", "hang"], nproc=2) as (proc, pids, out):
+        line = _signal_and_check(proc, pids, signal.SIGINT)
     assert line == (
         f"python -m delaycomm.experiment run: interrupted by SIGINT: stopped gloo seed 1 (not recorded); 1 ok run(s) "
         f"kept in {out} (1 finished now, 0 reused); run the same command again to resume (the failed and the "
@@ -120,8 +122,8 @@ def _check_failures(raised: dict, exited: dict) -> None:
 @pytest.mark.multiproc
 @pytest.mark.timeout(240)
 def test_sigterm_stops_the_run_in_flight_and_every_process_and_failed_runs_say_their_own_error(tmp_path):
-    proc, pids, out = _start(tmp_path, ["raise", "exit3", "hang"], nproc=2)
-    line = _signal_and_check(proc, pids, signal.SIGTERM)
+    with _started(tmp_path, ["raise", "exit3", "hang"], nproc=2) as (proc, pids, out):
+        line = _signal_and_check(proc, pids, signal.SIGTERM)
     assert line.startswith(
         f"python -m delaycomm.experiment run: interrupted by SIGTERM: stopped gloo seed 2 (not recorded); 0 ok "
         f"run(s) kept in {out} (2 finished now, 0 reused)"

@@ -15,11 +15,12 @@ killed). :func:`run_command` runs a command (a script, a tool) with a timeout an
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -34,6 +35,8 @@ __all__ = [
     "CommandTimeout",
     "free_port",
     "start_fork_server",
+    "wait_fork_server",
+    "started_command",
     "PRELOAD",
 ]
 
@@ -53,6 +56,17 @@ def start_fork_server() -> None:
 
     multiprocessing.get_context("forkserver").set_forkserver_preload(PRELOAD)
     multiprocessing.forkserver.ensure_running()
+
+
+def wait_fork_server() -> None:
+    """Wait until the fork server started by :func:`start_fork_server` has done its imports: a probe is forked from
+    it only then (on a loaded machine the imports take a minute, which the first multi-rank test's timeout would
+    otherwise count)."""
+    import multiprocessing
+
+    probe = multiprocessing.get_context("forkserver").Process(target=os.getpid)
+    probe.start()
+    probe.join()
 
 
 def _rank(rank: int, world_size: int, post, fn: Callable[..., Any], args: tuple) -> Any:
@@ -291,6 +305,55 @@ def run_command(
         finally:
             _kill_session(proc, only_leftovers=True)
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr)
+
+
+@contextlib.contextmanager
+def started_command(
+    argv: Sequence[str],
+    timeout: float,
+    env: dict[str, str] | None = None,
+    cwd: str | None = None,
+) -> Iterator[subprocess.Popen]:
+    """A command started in a session of its own and left running while the ``with`` block drives it (sends it a
+    signal, waits for what it writes): :func:`run_command` for a test that must act while the command runs.
+
+    On leaving the block the command gets what is left of ``timeout`` (seconds from its start) to exit; then it and
+    every process of its session are killed, whether the block ended normally or raised, so nothing outlives the
+    test. A command that outlived its timeout fails the test (:class:`CommandTimeout`).
+
+    Yields:
+        The ``Popen``, with text ``stdout`` and ``stderr`` pipes: read them with ``communicate``.
+    """
+    import time
+
+    if env is None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+    argv = [os.fspath(a) for a in argv]
+    deadline = time.monotonic() + timeout
+    with subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    ) as proc:
+        try:
+            yield proc
+            if proc.returncode is None:
+                try:
+                    proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired as e:
+                    _kill_session(proc)
+                    raise CommandTimeout(argv, timeout, e.stdout, e.stderr) from None
+        finally:
+            if proc.returncode is None:
+                _kill_session(proc)
+            else:
+                _kill_session(proc, only_leftovers=True)
 
 
 def _kill_session(proc: subprocess.Popen, only_leftovers: bool = False) -> None:

@@ -82,6 +82,13 @@ def offenders(path: str) -> list[tuple[int, str]]:
     return found
 
 
+# Launches a test needs for what it checks, each with the reason; anything else is refused.
+ALLOWED = {
+    # The rank starts a child of its own on purpose: the test checks that Ctrl-C of `experiment run` stops it too.
+    ("tests/experiment/scripts/edge_job.py", "subprocess.Popen"),
+}
+
+
 def _test_sources() -> list[str]:
     paths = []
     for root, dirs, files in os.walk(TESTS):
@@ -94,7 +101,9 @@ def test_no_test_launches_a_process_outside_the_harness():
     found = []
     for path in _test_sources():
         rel = os.path.relpath(path, TESTS)
-        found += [f"tests/{rel}:{line}: {call}" for line, call in offenders(path)]
+        found += [
+            f"tests/{rel}:{line}: {call}" for line, call in offenders(path) if (f"tests/{rel}", call) not in ALLOWED
+        ]
     assert not found, (
         "launch processes through tests/harness (run_procs, run_in_child, run_cli, run_command: each is bounded and "
         "reports its outcome), not directly:\n" + "\n".join(found)
