@@ -12,13 +12,14 @@ import importlib.metadata
 import json
 import os
 import re
-import subprocess
 import sys
 import zipfile
 
 import pytest
 import tomllib
 import torch
+
+from tests.harness.procs import run_command
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 BACKEND = os.path.join(REPO, "build_backend")
@@ -126,11 +127,10 @@ def test_the_installed_torch_is_found_from_a_build_isolated_environment(tmp_path
         "import sys\nsys.path[:] = [p for p in sys.path if 'site-packages' not in p]\n"
     )
     env = dict(os.environ, PYTHONPATH=str(hide), PYTHONNOUSERSITE="1")
-    probe = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    probe = run_command([sys.executable, "-c", "import torch"], timeout=120, env=env)
     assert "No module named 'torch'" in probe.stderr  # the isolation hides it
-    out = subprocess.run(
-        [sys.executable, os.path.join(BACKEND, "torch_info.py")], env=env, capture_output=True, text=True, check=True
-    )
+    out = run_command([sys.executable, os.path.join(BACKEND, "torch_info.py")], timeout=120, env=env)
+    assert out.returncode == 0, out.stderr
     info = json.loads(out.stdout)
     assert info["isolated"] is True
     assert info["dir"] == os.path.dirname(torch.__file__) and info["version"] == torch.__version__
@@ -140,19 +140,18 @@ def test_without_torch_the_build_stops_at_once_saying_how(tmp_path):
     """In an environment without torch, the backend's first hook fails, naming torch, --no-build-isolation and
     the build tools, before anything is built or a build directory made."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    assert run_command([sys.executable, "-m", "venv", "--without-pip", str(venv)], timeout=120).returncode == 0
     src = tmp_path / "src"
     src.mkdir()
-    out = subprocess.run(
+    out = run_command(
         [
             str(venv / "bin" / "python"),
             "-c",
             f"import sys; sys.path.insert(0, {BACKEND!r}); import delaycomm_build; "
             "delaycomm_build.get_requires_for_build_wheel()",
         ],
-        cwd=src,
-        capture_output=True,
-        text=True,
+        timeout=120,
+        cwd=str(src),
     )
     assert out.returncode == 1, out.stderr
     assert "has none" in out.stderr and "pip install 'torch>=" in out.stderr
@@ -237,10 +236,9 @@ def test_a_build_for_another_release_is_named_with_the_rebuild_command(tmp_path)
 
 def test_import_under_another_torch_raises_naming_both_releases():
     code = "import torch; torch.__version__ = '2.99.0'; import delaycomm"
-    out = subprocess.run(
+    out = run_command(
         [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
+        timeout=120,
         env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="0"),
     )
     assert out.returncode == 1
@@ -256,10 +254,9 @@ def test_the_first_group_under_another_torch_raises_naming_both_releases():
         "import torch, torch.distributed as dist; torch.__version__ = '2.99.0'\n"
         "dist.init_process_group('delaycomm', store=dist.HashStore(), rank=0, world_size=1)"
     )
-    out = subprocess.run(
+    out = run_command(
         [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
+        timeout=120,
         env=dict(os.environ, TORCH_DEVICE_BACKEND_AUTOLOAD="1"),
     )
     assert out.returncode == 1
@@ -271,7 +268,7 @@ def test_the_first_group_under_another_torch_raises_naming_both_releases():
 def test_a_build_dir_configured_for_another_torch_stops_the_configure(tmp_path):
     """(The backend keys its default build directory by torch; a directory given with -Cbuild-dir is checked.)"""
     cmake = os.path.join(os.path.dirname(sys.executable), "cmake")
-    out = subprocess.run(
+    out = run_command(
         [
             cmake,
             "-S",
@@ -281,8 +278,7 @@ def test_a_build_dir_configured_for_another_torch_stops_the_configure(tmp_path):
             f"-DPython_EXECUTABLE={sys.executable}",
             "-DDELAYCOMM_BUILT_FOR_TORCH=2.12.0 /elsewhere/torch",
         ],
-        capture_output=True,
-        text=True,
+        timeout=300,
     )
     assert out.returncode != 0
     message = " ".join(out.stderr.split())

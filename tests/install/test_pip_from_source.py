@@ -17,7 +17,11 @@ import time
 
 import pytest
 
+from tests.harness.procs import run_command
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# Seconds for the recipe test and each of its commands (see the NOTE at the test).
+_TIMEOUT = int(os.environ.get("INSTALL_TEST_TIMEOUT", "400"))
 
 
 def readme_recipe() -> list[str]:
@@ -43,13 +47,9 @@ def _user_env(venv: str) -> dict:
 
 
 def _copy_source(dst: str) -> None:
-    files = subprocess.run(
-        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        cwd=REPO,
-        capture_output=True,
-        check=True,
-    ).stdout.split(b"\0")
-    for rel in filter(None, (f.decode() for f in files)):
+    out = run_command(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr
+    for rel in filter(None, out.stdout.split("\0")):
         if os.path.isfile(os.path.join(REPO, rel)):
             os.makedirs(os.path.dirname(os.path.join(dst, rel)), exist_ok=True)
             shutil.copy2(os.path.join(REPO, rel), os.path.join(dst, rel))
@@ -57,7 +57,7 @@ def _copy_source(dst: str) -> None:
 
 def _run(cmd: str, cwd: str, env: dict) -> subprocess.CompletedProcess:
     t0 = time.monotonic()
-    out = subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env, capture_output=True, text=True)
+    out = run_command(["bash", "-c", cmd], timeout=_TIMEOUT, cwd=cwd, env=env)
     print(f"$ {cmd}\n# exit {out.returncode} after {time.monotonic() - t0:.0f} s")
     print("\n".join((out.stdout + out.stderr).strip().splitlines()[-25:]))
     return out
@@ -83,7 +83,7 @@ def test_without_torch_plain_pip_install_stops_saying_how_and_leaves_no_build_di
     src = str(tmp_path / "delaycomm")
     _copy_source(src)
     venv = str(tmp_path / "venv")
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    assert run_command([sys.executable, "-m", "venv", venv], timeout=120).returncode == 0
     out = _run("pip install .", src, _user_env(venv))
     assert out.returncode != 0
     assert "pip install --no-build-isolation ." in out.stdout + out.stderr
@@ -94,12 +94,12 @@ def test_without_torch_plain_pip_install_stops_saying_how_and_leaves_no_build_di
 # faulthandler_timeout, which ends the run. On a loaded machine, raise both: INSTALL_TEST_TIMEOUT=1700 ... pytest
 # -o faulthandler_timeout=1800.
 @pytest.mark.slow
-@pytest.mark.timeout(int(os.environ.get("INSTALL_TEST_TIMEOUT", "400")))
+@pytest.mark.timeout(_TIMEOUT)
 def test_the_readme_recipe_in_a_fresh_venv(tmp_path):
     src = str(tmp_path / "delaycomm")
     _copy_source(src)
     venv = str(tmp_path / "venv")
-    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    assert run_command([sys.executable, "-m", "venv", venv], timeout=120).returncode == 0
     env = _user_env(venv)
     for command in readme_recipe():
         out = _run(command, src, env)
