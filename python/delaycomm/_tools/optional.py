@@ -1,10 +1,10 @@
 """The tools' optional imports: each is named once, with the package that provides it and the extra that installs it.
 
-``pip install delaycomm`` brings torch and numpy; plots, progress bars and the experiment's data set come with
-``pip install 'delaycomm[tools]'`` (``pyproject.toml``'s ``tools`` extra, which a test holds to :data:`OPTIONAL`). A
-flag that needs one of them checks it when the command line is read (:func:`require_for_flag`), before any work:
-without it the command exits 2 with ``error: argument --plot: plotting needs matplotlib, which is not installed: pip
-install 'delaycomm[tools]' (or pip install matplotlib)``, never a traceback
+delaycomm needs torch and numpy; plots, progress bars and the experiment's data set need the packages of
+``pyproject.toml``'s ``tools`` extra (a test holds it to :data:`OPTIONAL`; a source install takes it with
+``pip install '.[tools]'``, docs/install.md). A flag that needs one of them checks it when the
+command line is read (:func:`require_for_flag`), before any work: without it the command exits 2 with ``error:
+argument --plot: plotting needs matplotlib, which is not installed: pip install matplotlib``, never a traceback
 after minutes of measuring. A progress bar asked for by default (``auto``) is left out quietly when tqdm is missing;
 asked for explicitly (``on``), it is an error like the others (:func:`progress_enabled`).
 """
@@ -32,13 +32,12 @@ class MissingOptional(ImportError):
 
 
 def missing_message(module: str, what: str | None = None) -> str:
-    """``<what> needs <package>, which is not installed: pip install 'delaycomm[tools]' (or pip install <package>)``;
-    ``what`` defaults to the module's use (``plotting``, ``a progress bar``)."""
+    """``<what> needs <package>, which is not installed: pip install <package>``; ``what`` defaults to the
+    module's use (``plotting``, ``a progress bar``). NOTE: not ``pip install 'delaycomm[tools]'``: delaycomm is not
+    on an index, and the extra of a source install needs its source tree (docs/install.md)."""
     package, use = OPTIONAL[module]
     what = what or use
-    return (
-        f"{what} needs {package}, which is not installed: pip install 'delaycomm[{EXTRA}]' (or pip install {package})"
-    )
+    return f"{what} needs {package}, which is not installed: pip install {package}"
 
 
 def require(module: str, what: str | None = None) -> ModuleType:

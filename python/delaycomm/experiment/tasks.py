@@ -28,10 +28,7 @@ def _require(module: str, package: str, what: str) -> None:
     try:
         __import__(module)
     except ImportError as e:
-        raise MissingExtra(
-            f"{what} needs {package}, which is not installed ({e}); install the tools extra: "
-            f"pip install 'delaycomm[tools]' (or: pip install {package})"
-        ) from None
+        raise MissingExtra(f"{what} needs {package}, which is not installed ({e}): pip install {package}") from None
 
 
 def require_sklearn(what: str = "the built-in tasks (digits, diabetes)") -> None:
