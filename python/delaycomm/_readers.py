@@ -13,9 +13,19 @@ import json
 import os
 import re
 import stat
+from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["MAX_FILE_BYTES", "FileError", "quote", "read_file", "read_json", "read_trace", "TRACE_FORMAT"]
+__all__ = [
+    "MAX_FILE_BYTES",
+    "FileError",
+    "quote",
+    "read_file",
+    "file_chunks",
+    "read_json",
+    "read_trace",
+    "TRACE_FORMAT",
+]
 
 MAX_FILE_BYTES = 64 << 20  # 64 MiB: a trace of millions of latencies, a profile of every op and size class
 TRACE_FORMAT = (
@@ -53,10 +63,7 @@ def _kind(mode: int) -> str:
 
 
 def read_file(path: str, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the regular file at ``path``, read once.
-
-    Opened non-blocking (a FIFO without a writer would block ``open()``) and checked with ``fstat`` before anything
-    is read; at most ``limit`` + 1 bytes are read, so ``/dev/zero``-like input and a file that grows are refused.
+    """The bytes of the regular file at ``path``, read once (:func:`file_chunks`' checks).
 
     Args:
         path: the file.
@@ -66,36 +73,50 @@ def read_file(path: str, name: str, limit: int = MAX_FILE_BYTES) -> bytes:
     Raises:
         FileError: not a readable regular file of at most ``limit`` bytes.
     """
+    return b"".join(file_chunks(path, name, limit))
+
+
+def file_chunks(
+    path: str, name: str, limit: int, error: type[Exception] = FileError, chunk: int = 1 << 20
+) -> Iterator[bytes]:
+    """The bytes of the regular file at ``path`` in chunks of at most ``chunk`` bytes, streamed.
+
+    Opened non-blocking (a FIFO without a writer would block ``open()``) and checked with ``fstat`` before anything
+    is read; at most ``limit`` + 1 bytes are read, so ``/dev/zero``-like input and a file that grows are refused.
+
+    Raises:
+        error: (``FileError`` unless given) not a readable regular file of at most ``limit`` bytes.
+    """
     if not isinstance(path, str) or not path:
-        raise FileError(f"{name} is not a file path (expected a path to a regular file)")
+        raise error(f"{name} is not a file path (expected a path to a regular file)")
     if "\0" in path:
-        raise FileError(f"{name} has a NUL byte in its path")
+        raise error(f"{name} has a NUL byte in its path")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as e:
-        raise FileError(f"{name} cannot be opened: {e.strerror} (expected a readable regular file)") from None
+        raise error(f"{name} cannot be opened: {e.strerror} (expected a readable regular file)") from None
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise FileError(f"{name} is {_kind(st.st_mode)} (expected a regular file)")
+            raise error(f"{name} is {_kind(st.st_mode)} (expected a regular file)")
         shown = f"the limit of {limit >> 20} MiB" if limit >= 1 << 20 else f"the limit of {limit} bytes"
         if st.st_size > limit:
-            raise FileError(f"{name} has {st.st_size} bytes, more than {shown}")
-        chunks, got = [], 0
+            raise error(f"{name} has {st.st_size} bytes, more than {shown}")
+        got = 0
         while got <= limit:
             try:
-                chunk = os.read(fd, min(max(st.st_size + 1 - got, 1 << 16), limit + 1 - got))
+                data = os.read(fd, min(chunk, limit + 1 - got))
             except InterruptedError:
                 continue
             except OSError as e:
-                raise FileError(f"{name} cannot be read: {e.strerror}") from None
-            if not chunk:
+                raise error(f"{name} cannot be read: {e.strerror}") from None
+            if not data:
+                return
+            got += len(data)
+            if got > limit:
                 break
-            chunks.append(chunk)
-            got += len(chunk)
-        if got > limit:
-            raise FileError(f"{name} has more than {shown} (it grew while being read)")
-        return b"".join(chunks)
+            yield data
+        raise error(f"{name} has more than {shown} (it grew while being read)")
     finally:
         os.close(fd)
 

@@ -280,20 +280,8 @@ def run_command(
     Returns:
         The ``CompletedProcess`` with text ``stdout`` and ``stderr``; the caller checks ``returncode``.
     """
-    if env is None:
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
     argv = [os.fspath(a) for a in argv]
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    ) as proc:
+    with _popen(argv, env, cwd) as proc:
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as e:
@@ -326,21 +314,9 @@ def started_command(
     """
     import time
 
-    if env is None:
-        env = dict(os.environ)
-        env.setdefault("OMP_NUM_THREADS", "1")
     argv = [os.fspath(a) for a in argv]
     deadline = time.monotonic() + timeout
-    with subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=env,
-        cwd=cwd,
-        start_new_session=True,
-    ) as proc:
+    with _popen(argv, env, cwd) as proc:
         try:
             yield proc
             if proc.returncode is None:
@@ -354,6 +330,24 @@ def started_command(
                 _kill_session(proc)
             else:
                 _kill_session(proc, only_leftovers=True)
+
+
+def _popen(argv: list[str], env: dict[str, str] | None, cwd: str | None) -> subprocess.Popen:
+    """``argv`` started in a session of its own, no standard input, text pipes; ``env`` defaults to this process's,
+    with ``OMP_NUM_THREADS=1`` unless set."""
+    if env is None:
+        env = dict(os.environ)
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return subprocess.Popen(
+        argv,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=cwd,
+        start_new_session=True,
+    )
 
 
 def _kill_session(proc: subprocess.Popen, only_leftovers: bool = False) -> None:

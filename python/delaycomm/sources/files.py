@@ -9,12 +9,10 @@ read line by line (:func:`iter_lines`), so its rows are never all in memory at o
 
 from __future__ import annotations
 
-import os
-import stat
 import zlib
 from collections.abc import Iterator
 
-from delaycomm._readers import _kind
+from delaycomm._readers import file_chunks
 
 __all__ = ["MAX_SOURCE_BYTES", "read_bytes", "read_head", "iter_lines"]
 
@@ -58,40 +56,8 @@ def _gunzip_chunks(chunks: Iterator[bytes], name: str, error: type[Exception], l
         raise error(f"{name} is not valid gzip (it ends before its last member does)")
 
 
-def _raw_chunks(path: str, name: str, error: type[Exception], limit: int) -> Iterator[bytes]:
-    """The stored bytes of the regular file at ``path`` in chunks (the checks of ``read_file``)."""
-    if not isinstance(path, str) or not path or "\0" in path:
-        raise error(f"{name} is not a file path (expected a path to a regular file)")
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as e:
-        raise error(f"{name} cannot be opened: {e.strerror} (expected a readable regular file)") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise error(f"{name} is {_kind(st.st_mode)} (expected a regular file)")
-        if st.st_size > limit:
-            raise error(f"{name} has {st.st_size} bytes, more than the limit of {limit >> 20} MiB")
-        got = 0
-        while True:
-            try:
-                chunk = os.read(fd, _CHUNK)
-            except InterruptedError:
-                continue
-            except OSError as e:
-                raise error(f"{name} cannot be read: {e.strerror}") from None
-            if not chunk:
-                return
-            got += len(chunk)
-            if got > limit:
-                raise error(f"{name} has more than the limit of {limit >> 20} MiB (it grew while being read)")
-            yield chunk
-    finally:
-        os.close(fd)
-
-
 def _chunks(path: str, name: str, error: type[Exception]) -> Iterator[bytes]:
-    raw = _raw_chunks(path, name, error, MAX_SOURCE_BYTES)
+    raw = file_chunks(path, name, MAX_SOURCE_BYTES, error, _CHUNK)
     first = next(raw, b"")
     while len(first) < 2:
         more = next(raw, None)
