@@ -129,7 +129,7 @@ c10::intrusive_ptr<c10d::Work> DelayBackend::runGeneral(OpKind op, c10::Device d
       return issued.work;
     }
     work = c10::make_intrusive<TimedWorkCuda>(std::move(issued.work), op, seq, stats_, std::move(cudaStart), device,
-                                              sizeClassOf(bytes));
+                                              sizeClassOf(bytes), issued.calledAt);
   } else if (issued.heldBack) {
     work = std::move(issued.work);
   } else {

@@ -58,7 +58,7 @@ bool DirectWorkCpu::wait(std::chrono::milliseconds timeout) {
 
 TimedWorkCuda::TimedWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq,
                              std::shared_ptr<GroupStats> stats, std::optional<c10::Event> start, c10::Device device,
-                             int sizeClass)
+                             int sizeClass, Clock::time_point calledAt)
     : c10d::Work(-1, opInfo(op).workType),
       inner_(std::move(inner)),
       op_(op),
@@ -66,36 +66,49 @@ TimedWorkCuda::TimedWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, ui
       stats_(std::move(stats)),
       start_(std::move(start)),
       device_(device),
-      sizeClass_(sizeClass) {}
+      sizeClass_(sizeClass),
+      calledAt_(calledAt) {}
 
 TimedWorkCuda::~TimedWorkCuda() {
   if (!timed_) {
     stats_->op(op_).untimed.fetch_add(1, std::memory_order_relaxed);
+    recordUntimed(std::nullopt);
   }
 }
 
-void TimedWorkCuda::recordEnd() {
+void TimedWorkCuda::recordUntimed(std::optional<bool> ok) const {
+  trace::recordCudaCall(opName(op_), seq_,
+                        std::chrono::duration_cast<std::chrono::nanoseconds>(calledAt_.time_since_epoch()).count(), 0,
+                        sizeClass_, trace::kCudaUntimed, ok);
+}
+
+void TimedWorkCuda::recordEnd(bool ok) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (timed_ || !start_) {
-    timed_ = true;
+  if (timed_) {
     return;
   }
   timed_ = true;
+  if (!start_) {  // time_cuda=0: no events, so no GPU time
+    recordUntimed(ok);
+    return;
+  }
   c10::Event end(c10::DeviceType::CUDA, c10::EventFlag::BACKEND_DEFAULT);
   c10::impl::VirtualGuardImpl impl(c10::DeviceType::CUDA);
   end.record(impl.getStream(device_));
-  stats_->cudaTimings().push(op_, std::move(*start_), std::move(end), sizeClass_);
+  const CudaTimings::Call call{
+      seq_, std::chrono::duration_cast<std::chrono::nanoseconds>(calledAt_.time_since_epoch()).count(), ok};
+  stats_->cudaTimings().push(op_, std::move(*start_), std::move(end), sizeClass_, call);
   start_.reset();
 }
 
 void TimedWorkCuda::synchronize() {
   inner_->synchronize();
-  recordEnd();
+  recordEnd(true);
 }
 
 bool TimedWorkCuda::wait(std::chrono::milliseconds timeout) {
   const bool ok = inner_->wait(timeout);
-  recordEnd();
+  recordEnd(ok);
   return ok;
 }
 

@@ -62,11 +62,13 @@ class DirectWorkCpu : public c10d::Work {
 // current stream was made to wait for the collective. The pair goes to the group's stats (GroupStats'
 // CudaTimings, shared with this work, so waiting after destroy_process_group is safe); harvestCudaTimings() folds
 // completed pairs into the histograms later (when the next CUDA op is issued, and when stats are read or reset):
-// the hot path never blocks the host.
+// the hot path never blocks the host. DELAYCOMM_TRACE records the call there too (stats/Trace.hpp,
+// recordCudaCall), from `calledAt` for the GPU's time between the events; a work destroyed untimed is recorded then.
 class TimedWorkCuda : public c10d::Work {
  public:
   TimedWorkCuda(c10::intrusive_ptr<c10d::Work> inner, OpKind op, uint64_t seq, std::shared_ptr<GroupStats> stats,
-                std::optional<c10::Event> start, c10::Device device, int sizeClass = 0);
+                std::optional<c10::Event> start, c10::Device device, int sizeClass = 0,
+                Clock::time_point calledAt = Clock::now());
   ~TimedWorkCuda() override;
 
   bool isCompleted() override { return inner_->isCompleted(); }
@@ -82,7 +84,8 @@ class TimedWorkCuda : public c10d::Work {
   uint64_t getSequencenumber() const override { return seq_; }
 
  private:
-  void recordEnd();
+  void recordEnd(bool ok);
+  void recordUntimed(std::optional<bool> ok) const;  // DELAYCOMM_TRACE: a call whose GPU time is unknown
 
   c10::intrusive_ptr<c10d::Work> inner_;
   const OpKind op_;
@@ -91,6 +94,7 @@ class TimedWorkCuda : public c10d::Work {
   std::optional<c10::Event> start_;
   const c10::Device device_;
   const int sizeClass_;
+  const Clock::time_point calledAt_;
   std::mutex mutex_;
   bool timed_ = false;
 };

@@ -224,6 +224,8 @@ void bindBackend(py::module_& m) {
           },
           "Telemetry of this group as a dict (see delaycomm.stats).")
       .def("reset_stats", &DelayBackend::resetStats, py::call_guard<py::gil_scoped_release>())
+      .def("_harvest_cuda_timings", &DelayBackend::harvestCudaTimings, py::call_guard<py::gil_scoped_release>(),
+           "Fold the completed GPU timings in (and their DELAYCOMM_TRACE records); never blocks.")
       // ---- staleness (stale/StalenessEngine.hpp) ----
       .def("stale_allreduce", &DelayBackend::staleAllreduce, py::arg("tensor"), py::arg("key"),
            py::arg("average") = false, py::call_guard<py::gil_scoped_release>(),

@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings/Bindings.hpp"
+#include "ops/OpTable.hpp"
 #include "stats/Histogram.hpp"
 #include "stats/Trace.hpp"
 
@@ -150,6 +151,19 @@ void bindTrace(py::module_& m) {
         return out;
       },
       "The DELAYCOMM_TRACE records kept (oldest first), how many were dropped, and the steady-to-epoch clock offset.");
+  // The record a CUDA call leaves (trace::recordCudaCall, as CudaTimings::harvest and TimedWorkCuda make it), for
+  // the tests of its shape on a machine without a GPU.
+  m.def(
+      "_trace_record_cuda_call",
+      [](const std::string& op, uint64_t seq, int64_t calledAtNs, int64_t durNs, int64_t bytes, bool timed,
+         std::optional<bool> ok) {
+        OpKind kind{};
+        TORCH_CHECK(opFromName(op, &kind), "delaycomm: _trace_record_cuda_call: unknown op ", op);
+        trace::recordCudaCall(opName(kind), seq, calledAtNs, durNs, sizeClassOf(bytes),
+                              timed ? trace::kCudaTimed : trace::kCudaUntimed, ok);
+      },
+      py::arg("op"), py::arg("seq"), py::arg("called_at_ns"), py::arg("dur_ns"), py::arg("bytes"), py::arg("timed"),
+      py::arg("ok"), "Record a CUDA call in the DELAYCOMM_TRACE log as the CUDA path does (tests).");
 }
 
 void bindStats(py::module_& m) {

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <memory>
 
+#include "stats/Trace.hpp"
+
 namespace delaycomm {
 
 SizeHistograms::~SizeHistograms() {
@@ -32,9 +34,9 @@ void SizeHistograms::reset() {
   }
 }
 
-void CudaTimings::push(OpKind op, c10::Event start, c10::Event end, int sizeClass) {
+void CudaTimings::push(OpKind op, c10::Event start, c10::Event end, int sizeClass, Call call) {
   std::lock_guard<std::mutex> lock(mutex_);
-  pending_.push_back(Pair{op, std::move(start), std::move(end), sizeClass});
+  pending_.push_back(Pair{op, std::move(start), std::move(end), sizeClass, call});
 }
 
 void CudaTimings::harvest(std::array<OpStats, kNumOpKinds>& ops) {
@@ -46,6 +48,8 @@ void CudaTimings::harvest(std::array<OpStats, kNumOpKinds>& ops) {
     auto& s = ops[static_cast<int>(p.op)];
     s.latencyNs.record(ms * 1e6);
     s.callNsBySize.at(p.sizeClass).record(ms * 1e6);
+    trace::recordCudaCall(opName(p.op), p.call.seq, p.call.calledAtNs, static_cast<int64_t>(ms * 1e6), p.sizeClass,
+                          trace::kCudaTimed, p.call.ok);  // DELAYCOMM_TRACE
     pending_.pop_front();
   }
 }

@@ -108,8 +108,15 @@ struct HostStats {
 // Threads: any; harvesting never blocks (it stops at the first pair whose end has not completed).
 class CudaTimings {
  public:
-  void push(OpKind op, c10::Event start, c10::Event end, int sizeClass = 0);
-  // Folds every completed pair, in order, into `ops[op].latencyNs` and its size class's histogram.
+  // What DELAYCOMM_TRACE records of the call when its pair is harvested (stats/Trace.hpp, recordCudaCall).
+  struct Call {
+    uint64_t seq = 0;
+    int64_t calledAtNs = 0;  // steady clock
+    bool ok = true;          // what the caller's wait returned
+  };
+  void push(OpKind op, c10::Event start, c10::Event end, int sizeClass, Call call);
+  // Folds every completed pair, in order, into `ops[op].latencyNs` and its size class's histogram, and records its
+  // call in the DELAYCOMM_TRACE timeline when that is on.
   void harvest(std::array<OpStats, kNumOpKinds>& ops);
 
  private:
@@ -118,6 +125,7 @@ class CudaTimings {
     c10::Event start;
     c10::Event end;
     int sizeClass;
+    Call call;
   };
   std::mutex mutex_;
   std::deque<Pair> pending_;

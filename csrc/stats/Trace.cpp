@@ -1,5 +1,6 @@
 #include "stats/Trace.hpp"
 
+#include <algorithm>
 #include <functional>
 #include <thread>
 
@@ -115,6 +116,20 @@ void recordCallTo(TraceLog& log, const char* op, uint64_t seq, std::chrono::stea
   r.durNs = TraceLog::nowNs() - r.startNs;
   r.seq = seq;
   r.args = {static_cast<int64_t>(sizeClassBytes(sizeClass)), ok ? 1 : 0, 0, 0, 0};
+  log.record(r);
+}
+
+void recordCudaCallTo(TraceLog& log, const char* op, uint64_t seq, int64_t calledAtNs, int64_t durNs, int sizeClass,
+                      CudaCallTiming timing, std::optional<bool> ok) {
+  TraceRecord r;
+  r.kind = TraceRecord::kCall;
+  r.name = op;
+  r.op = op;
+  r.startNs = calledAtNs;
+  r.durNs = std::max<int64_t>(durNs, 0);
+  r.seq = seq;
+  r.args = {static_cast<int64_t>(sizeClassBytes(sizeClass)), ok ? (*ok ? 1 : 0) : -1, 1, static_cast<int64_t>(timing),
+            0};
   log.record(r);
 }
 

@@ -89,7 +89,8 @@ struct TraceRecord {
   int64_t durNs = 0;
   uint64_t seq = 0;
   uint64_t thread = 0;  // the recording thread's id (hashed)
-  // Integer arguments, named by the kind (delaycomm/timeline.py): call: size class bytes, ok; delay: delay ns,
+  // Integer arguments, named by the kind (delaycomm/timeline.py): call: size class bytes, ok (1, 0; -1: unknown),
+  // device (0: CPU, 1: CUDA), how a CUDA call's duration was measured (kCudaTimed / kCudaUntimed); delay: delay ns,
   // carrier rank, size class bytes; stale: stream, deferred steps, landed, landed max steps, delay ns (seq: the
   // stream's step).
   std::array<int64_t, 5> args{};
@@ -121,6 +122,9 @@ class TraceLog {
   uint64_t written_ = 0;  // records ever written; ring_[written_ % capacity] is the next slot
 };
 
+// A CUDA call's timing (call args[3]): its duration is the GPU's, between the CUDA events around it, or unknown.
+enum CudaCallTiming : int64_t { kCudaUntimed = 0, kCudaTimed = 1 };
+
 // A call, from its call time to its completion (the works' completion, DeferredWork.hpp / DelayWork.hpp).
 void recordCallTo(TraceLog& log, const char* op, uint64_t seq, std::chrono::steady_clock::time_point calledAt, bool ok,
                   int sizeClass);
@@ -128,6 +132,22 @@ inline void recordCall(const char* op, uint64_t seq, std::chrono::steady_clock::
                        int sizeClass) {
   if (TraceLog* log = TraceLog::active(); C10_UNLIKELY(log != nullptr)) {
     recordCallTo(*log, op, seq, calledAt, ok, sizeClass);
+  }
+}
+
+// A CUDA call (DelayWork.hpp, TimedWorkCuda): its completion is on the GPU, so it is recorded where the group's
+// telemetry harvests the CUDA events around it (CudaTimings::harvest, never a host sync), with `durNs` the GPU's
+// time between them (from the start event, recorded on the current stream right before the op, to the end event,
+// recorded where the caller synchronised with it), placed at the call time `calledAtNs` (steady clock) on the
+// host's clock: the GPU's own clock is not on it. A call whose events were never both recorded (a work dropped
+// without a wait, or time_cuda=0) is recorded with `timing` kCudaUntimed and no duration. `ok`: what the caller's
+// wait returned; unknown (args[1] = -1) for a work nobody waited on.
+void recordCudaCallTo(TraceLog& log, const char* op, uint64_t seq, int64_t calledAtNs, int64_t durNs, int sizeClass,
+                      CudaCallTiming timing, std::optional<bool> ok);
+inline void recordCudaCall(const char* op, uint64_t seq, int64_t calledAtNs, int64_t durNs, int sizeClass,
+                           CudaCallTiming timing, std::optional<bool> ok) {
+  if (TraceLog* log = TraceLog::active(); C10_UNLIKELY(log != nullptr)) {
+    recordCudaCallTo(*log, op, seq, calledAtNs, durNs, sizeClass, timing, ok);
   }
 }
 

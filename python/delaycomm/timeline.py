@@ -11,6 +11,9 @@ Layout of a rank's file: ``pid`` is the global rank; calls are ``X`` events name
 threads (overlapping calls on lanes of their own), holds are ``X`` events ``delaycomm:delay`` / ``delaycomm:queued``
 on the "delays" threads, stale decisions are instant events (``ph: i``) ``delaycomm:stale ...`` on the "stale"
 thread. Timestamps are microseconds of the Unix epoch (ranks on different hosts align as well as their clocks do).
+A CUDA call (not yet run on a GPU) is recorded when its CUDA events are harvested: from its call time on the host,
+for the GPU's time between its events (``args.device`` "cuda", ``args.timing`` "gpu_events", or "untimed" with no
+duration when that time is unknown).
 """
 
 from __future__ import annotations
@@ -115,6 +118,10 @@ def _lanes(spans: list[tuple[float, float]]) -> list[int]:
 
 def _event_args(kind: str, op: str, why: str, seq: int, a: tuple) -> dict:
     if kind == "call":
+        if a[2] == 1:  # a CUDA call (csrc/stats/Trace.hpp, recordCudaCall): its duration is the GPU's, or unknown
+            ok = None if a[1] < 0 else bool(a[1])
+            timing = "gpu_events" if a[3] == 1 else "untimed"
+            return {"op": op, "seq": seq, "size_class_bytes": a[0], "ok": ok, "device": "cuda", "timing": timing}
         return {"op": op, "seq": seq, "size_class_bytes": a[0], "ok": bool(a[1])}
     if kind == "delay":
         return {"op": op, "seq": seq, "delay_us": a[0] // 1000, "carrier": a[1], "size_class_bytes": a[2]}

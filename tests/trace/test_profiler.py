@@ -255,3 +255,40 @@ def test_timeline_is_a_ring_of_the_newest_records(tmp_path):
     calls = [e for e in doc["traceEvents"] if e["ph"] == "X"]
     assert len(calls) == 30 and doc["otherData"]["delaycomm"]["dropped"] == 20
     assert sorted(e["args"]["seq"] for e in calls) == list(range(21, 51))  # the newest kept
+
+
+def _cuda_call_records(rank, world):
+    from delaycomm import _C, timeline
+
+    _C._trace_enable(16)
+    # As CudaTimings::harvest records a call whose events completed (4 ms of GPU time), and as TimedWorkCuda does
+    # one destroyed before anyone waited on it (untimed, outcome unknown) and one waited on under time_cuda=0.
+    _C._trace_record_cuda_call("allreduce", 7, 1_000_000, 4_000_000, 4096, True, True)
+    _C._trace_record_cuda_call("broadcast", 8, 2_000_000, 0, 64, False, None)
+    _C._trace_record_cuda_call("allgather", 9, 3_000_000, 0, 64, False, False)
+    with pytest.raises(RuntimeError, match="unknown op nope"):
+        _C._trace_record_cuda_call("nope", 1, 0, 0, 0, True, True)
+    raw = _C._trace_records()
+    return raw, timeline.to_chrome(raw, rank)
+
+
+@pytest.mark.timeout(30)
+def test_timeline_records_a_cuda_call_as_the_cuda_path_does():
+    """The record a CUDA call leaves in DELAYCOMM_TRACE (from the call time, for the GPU's time between its events,
+    or untimed), and its event in the rank's file. Only its shape: the CUDA path itself runs on a GPU only."""
+    from delaycomm import timeline
+
+    ((raw, doc),) = run_procs(_cuda_call_records, 1, timeout=25)
+    assert [r[0] for r in raw["records"]] == ["call"] * 3
+    timed, dropped, untimed = raw["records"]
+    assert timed[4:7] == (1_000_000, 4_000_000, 7) and timed[8] == (4096, 1, 1, 1, 0)
+    assert dropped[8][1:4] == (-1, 1, 0) and untimed[8][1:4] == (0, 1, 0)
+    assert timeline.validate(doc) == []
+    calls = {e["name"]: e for e in doc["traceEvents"] if e["ph"] == "X"}
+    assert calls["allreduce"]["dur"] == 4000.0 and calls["allreduce"]["cat"] == "delaycomm.call"
+    assert calls["allreduce"]["args"] == {"op": "allreduce", "seq": 7, "size_class_bytes": 4096, "ok": True,
+                                          "device": "cuda", "timing": "gpu_events"}  # fmt: skip
+    assert calls["broadcast"]["dur"] == 0 and calls["broadcast"]["args"]["timing"] == "untimed"
+    assert calls["broadcast"]["args"]["ok"] is None and calls["allgather"]["args"]["ok"] is False
+    offset = raw["epoch_offset_ns"]
+    assert calls["allreduce"]["ts"] == pytest.approx((1_000_000 + offset) / 1e3)

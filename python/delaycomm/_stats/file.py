@@ -129,6 +129,8 @@ def on_shutdown(group_name: str, path: str | None, backend) -> None:
     _registry.remove(group_name, backend)
     from delaycomm import timeline  # DELAYCOMM_TRACE: the timeline so far (docs/telemetry.md, "Timeline")
 
+    if backend is not None:
+        backend._harvest_cuda_timings()  # the CUDA calls whose GPU time is known by now join the timeline
     timeline.on_shutdown()
     if backend is not None and path is not None:
         try:
