@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 from delaycomm._readers import file_chunks
 
-__all__ = ["MAX_SOURCE_BYTES", "read_bytes", "read_head", "iter_lines"]
+__all__ = ["MAX_SOURCE_BYTES", "read_bytes", "read_head", "iter_lines", "iter_chunks"]
 
 MAX_SOURCE_BYTES = 512 << 20  # 512 MiB, stored or decompressed: a day of nccl-tests logs, a long Kineto trace
 _CHUNK = 1 << 20
@@ -88,6 +88,12 @@ def read_bytes(path: str, what: str, error: type[Exception]) -> bytes:
     for chunk in _chunks(path, name, error):
         out += chunk
     return out  # type: ignore[return-value]  # bytes-like: not copied once more
+
+
+def iter_chunks(path: str, what: str, error: type[Exception]) -> Iterator[bytes]:
+    """The content of ``path`` (decompressed when gzip) in chunks of at most 1 MiB, as they are read: memory does
+    not grow with the file (nccl-tests' ``-J`` JSON is parsed from them as a stream)."""
+    return _chunks(path, f"{what} {path!r}", error)
 
 
 def read_head(path: str, what: str, error: type[Exception], size: int = 1 << 16) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections import deque
 
 from delaycomm.sources.nccl_tables import NcclTestsError, Row, Table, Timing
@@ -92,23 +93,32 @@ def tables_from_json(doc: object, path: str) -> list[Table]:
     lists = _result_lists(found)
     if not isinstance(doc, dict) or not _is_results(lists):
         raise NcclTestsError(f"nccl-tests JSON {path!r} has no results list of nccl-tests records")
-    ranks = _devices(found, path)
+    ranks = _devices(found, path)  # its errors before the records'
+    return _tables(doc, found, ranks, [[_row(r, i, path) for i, r in enumerate(lst)] for lst in lists], path)
+
+
+def _tables(
+    top: dict, found: dict[str, list], ranks: dict[int, tuple[str, int]], rows: list[list[Row]], path: str
+) -> list[Table]:
+    """One table per results list (``rows``, in order), with what the rest of the document says (``top``: its
+    top-level ``args`` and ``nccl_version``; ``found``: the values of :data:`_KEYS`, outermost first; ``ranks``:
+    its devices)."""
     named = None
-    args = doc.get("args")
+    args = top.get("args")
     if isinstance(args, list) and args and isinstance(args[0], str):
         m = re.fullmatch(r"(\w+)_perf(?:_mpi)?", os.path.basename(args[0]))
         c = collective(m.group(1)) if m else None
         named = (c.name, f"the command in its args ({args[0][:80]!r})") if c else None
     iters = next((v for v in found["iterations"] if isinstance(v, int) and not isinstance(v, bool)), None)
     tables = []
-    for lst in lists:
+    for lst_rows in rows:
         t = Table(path, 0, list(_HEADER), header_text="nccl-tests JSON results", ranks=dict(ranks), from_json=True)
         t.params = {"iters": iters} if iters is not None else {}
-        if isinstance(doc.get("nccl_version"), int):
-            t.versions = {"NCCL": str(doc["nccl_version"])}
+        if isinstance(top.get("nccl_version"), int):
+            t.versions = {"NCCL": str(top["nccl_version"])}
         if named:
             t.named, t.named_by = named
-        t.rows = [_row(r, i, path) for i, r in enumerate(lst)]
+        t.rows = lst_rows
         tables.append(t)
     return tables
 
@@ -156,5 +166,6 @@ def _row(r: dict, i: int, path: str) -> Row:
         )
     if not timings:
         fail("has neither out_of_place nor in_place timings")
-    return Row(i, whole("size"), whole("count"), str(r.get("type", "?"))[:40], str(r.get("redop", "")).strip()[:40],
-               whole("root", -1), timings)  # fmt: skip
+    # the type and redop strings interned: a table of 200,000 records holds one of each, not one per record
+    return Row(i, whole("size"), whole("count"), sys.intern(str(r.get("type", "?"))[:40]),
+               sys.intern(str(r.get("redop", "")).strip()[:40]), whole("root", -1), timings)  # fmt: skip

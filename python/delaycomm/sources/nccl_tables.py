@@ -13,7 +13,7 @@ class NcclTestsError(ValueError):
     """An nccl-tests log that cannot be read (the message names the file, the line and what is wrong)."""
 
 
-@dataclass
+@dataclass(slots=True)  # one per row: a 200,000-record -J table holds them all until resolved
 class Timing:
     """One placement's columns of a row: its mean time (us), bandwidths (GB/s), wrong count, per-iteration stats."""
 
@@ -24,7 +24,7 @@ class Timing:
     per_iter: dict[str, float] | None = None
 
 
-@dataclass
+@dataclass(slots=True)  # one per row: a 200,000-record -J table holds them all until resolved
 class Row:
     line: int
     size: int

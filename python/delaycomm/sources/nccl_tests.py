@@ -15,12 +15,12 @@ collective the columns contradict are errors naming the file and the line.
 
 from __future__ import annotations
 
-import json
 import statistics
 from collections.abc import Iterable, Iterator
 
 from delaycomm.sources.files import iter_lines, read_bytes, read_head
-from delaycomm.sources.nccl_json import looks_like_json, tables_from_json
+from delaycomm.sources.nccl_json import looks_like_json
+from delaycomm.sources.nccl_json_stream import read_json_tables
 from delaycomm.sources.nccl_tables import NcclTestsError, Row, Table, Timing
 from delaycomm.sources.nccl_text import iter_parse, looks_like, parse
 from delaycomm.sources.ops import COLLECTIVES, OP_NAMES_HELP, Collective, collective, element_size
@@ -53,22 +53,6 @@ def _is_json(path: str) -> bool:
     return head.lstrip("\ufeff \t\r\n").startswith("{")
 
 
-def _load_json(path: str) -> object:
-    data = read_bytes(path, "nccl-tests JSON", NcclTestsError)
-    try:
-        return json.loads(data)
-    except json.JSONDecodeError as e:
-        raise NcclTestsError(f"nccl-tests JSON {path!r} is not JSON ({e})") from None
-    except UnicodeDecodeError as e:
-        raise NcclTestsError(f"nccl-tests JSON {path!r} is not UTF-8 text (byte {e.start})") from None
-    except RecursionError:
-        raise NcclTestsError(
-            f"nccl-tests JSON {path!r} nests its values too deep (not nccl-tests' -J output)"
-        ) from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise NcclTestsError(f"nccl-tests JSON {path!r} is not JSON that delaycomm reads ({e})") from None
-
-
 def iter_tables(
     path: str, op: str | None = None, source_ranks: int | None = None, source_nodes: int | None = None
 ) -> Iterator[Table]:
@@ -88,7 +72,7 @@ def iter_tables(
     if op and forced is None:
         raise NcclTestsError(f"--op {op!r} names no collective; expected {OP_NAMES_HELP}")
     if _is_json(path):
-        tables: Iterable[Table] = tables_from_json(_load_json(path), path)
+        tables: Iterable[Table] = read_json_tables(path)  # a stream: records one at a time
     else:
         tables = iter_parse(iter_lines(path, "nccl-tests log", NcclTestsError), path)
     n = 0

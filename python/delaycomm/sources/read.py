@@ -132,6 +132,25 @@ def _looks(head: str) -> str:
     return "an empty file" if not head else "only blank lines"
 
 
+def _has_timings(path: str) -> bool:
+    """Whether the text at ``path`` has an nccl-tests record's key, searched chunk by chunk (not held whole)."""
+    from delaycomm.sources.files import iter_chunks
+
+    chunks = iter_chunks(path, "file", SourceError)
+    tail = b""
+    try:
+        for chunk in chunks:
+            data = tail + chunk
+            if b'"out_of_place"' in data or b'"in_place"' in data:
+                return True
+            tail = data[-16:]  # a key cut by the chunk's end
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            close()
+    return False
+
+
 def kind_of(path: str) -> str:
     """``stats``, ``nccl-tests`` or ``kineto``: what the file at ``path`` holds, by its content (not its first
     character: a log may start with a shell prompt ``[root@host dir]#`` or Open MPI's ``[1,0]<stdout>:``).
@@ -159,12 +178,8 @@ def kind_of(path: str) -> str:
                 )
             if '"out_of_place"' in head or '"in_place"' in head or '"results"' in head:
                 return "nccl-tests"
-            if len(raw) == size:  # a large document: its records may come after the head
-                from delaycomm.sources.files import read_bytes
-
-                data = read_bytes(path, "file", SourceError)
-                if b'"out_of_place"' in data or b'"in_place"' in data:
-                    return "nccl-tests"
+            if len(raw) == size and _has_timings(path):  # a large document: its records may come after the head
+                return "nccl-tests"
             return "stats"  # the stats reader names what is wrong with it
     if any(nccl_tests.looks_like(line) for line in iter_lines(path, "file", SourceError)):
         return "nccl-tests"
