@@ -10,7 +10,8 @@ tests=(
   tests/delay/test_match.py tests/delay/test_burst.py tests/delay/test_replay.py tests/delay/test_delay_ranks.py
   tests/delay/test_timeouts.py tests/delay/test_loader.py tests/stale/test_engine_waits.py tests/stale/test_limits.py
   tests/stale/test_divergence.py tests/backend/test_forwarding.py tests/tools/test_launch.py
-  tests/harness/test_procs.py tests/experiment/test_experiment_ends.py
+  tests/harness/test_procs.py tests/experiment/test_experiment_ends.py tests/trace/test_profiler.py
+  tests/stale/test_consume.py tests/stale/test_paths.py tests/delay/test_profile_replay.py tests/delay/test_local_latency.py
 )
 if [ -n "${TESTS:-}" ]; then read -r -a tests <<<"$TESTS"; fi
 loops=$((2 * $(nproc)))
