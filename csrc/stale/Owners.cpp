@@ -112,6 +112,17 @@ void setRanges(int64_t consumer, const std::vector<Ranges>& ranges) {
   }
 }
 
+namespace {
+// The step now counted skipped `ps`; ownersMutex held.
+void markSkipped(const std::vector<at::Tensor>& ps) {
+  for (const auto& p : ps) {
+    ParamEntry& e = paramEntryOf(p);
+    e.lastSkip = optimizerSteps;
+    settle(e, Fate::kSkipped);
+  }
+}
+}  // namespace
+
 void optimizerStepped(const std::vector<at::Tensor>& consumed, const std::vector<at::Tensor>& skipped) {
   std::lock_guard<std::mutex> lock(ownersMutex);
   ++optimizerSteps;
@@ -120,21 +131,13 @@ void optimizerStepped(const std::vector<at::Tensor>& consumed, const std::vector
     e.lastStep = optimizerSteps;
     settle(e, Fate::kTaken);
   }
-  for (const auto& p : skipped) {
-    ParamEntry& e = paramEntryOf(p);
-    e.lastSkip = optimizerSteps;
-    settle(e, Fate::kSkipped);
-  }
+  markSkipped(skipped);
 }
 
 void optimizerSkipped(const std::vector<at::Tensor>& ps) {
   std::lock_guard<std::mutex> lock(ownersMutex);
   ++optimizerSteps;
-  for (const auto& p : ps) {
-    ParamEntry& e = paramEntryOf(p);
-    e.lastSkip = optimizerSteps;
-    settle(e, Fate::kSkipped);
-  }
+  markSkipped(ps);
 }
 
 void gradsDiscarded(const std::vector<at::Tensor>& ps) {

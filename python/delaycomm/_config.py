@@ -391,15 +391,21 @@ _STATS_ACCEPTED = (
 )
 
 
-def _parse_trace(v: Any) -> str | None:
-    """The DELAYCOMM_TRACE path template ({rank}, {restart}); its directory must exist (docs/telemetry.md)."""
-    accepted = "'none' or a JSON file path, {rank} for the global rank (docs/telemetry.md, 'Timeline')"
+def _path_or_none(v: Any, accepted: str) -> str | None:
+    """A path option's value: a path (str or PathLike, stripped), or None for ``'none'``."""
     if isinstance(v, os.PathLike):
         v = os.fspath(v)
     if not isinstance(v, str):
         raise _Invalid(accepted)
     s = v.strip()
-    if s.lower() == "none":
+    return None if s.lower() == "none" else s
+
+
+def _parse_trace(v: Any) -> str | None:
+    """The DELAYCOMM_TRACE path template ({rank}, {restart}); its directory must exist (docs/telemetry.md)."""
+    accepted = "'none' or a JSON file path, {rank} for the global rank (docs/telemetry.md, 'Timeline')"
+    s = _path_or_none(v, accepted)
+    if s is None:
         return None
     if "\0" in s or os.path.isdir(s) or s.endswith(os.sep):
         raise _Invalid(accepted, "a file path is expected")
@@ -417,12 +423,8 @@ def _parse_trace(v: Any) -> str | None:
 
 def _parse_stats(v: Any) -> str | None:
     """The stats path template; checked for its form here, for writability when a group is created."""
-    if isinstance(v, os.PathLike):
-        v = os.fspath(v)
-    if not isinstance(v, str):
-        raise _Invalid(_STATS_ACCEPTED)
-    s = v.strip()
-    if s.lower() == "none":
+    s = _path_or_none(v, _STATS_ACCEPTED)
+    if s is None:
         return None
     if "\0" in s:
         raise _Invalid(_STATS_ACCEPTED, f"the path has a NUL byte (at character {s.index(chr(0)) + 1})")

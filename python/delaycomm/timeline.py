@@ -22,7 +22,6 @@ import argparse
 import atexit
 import json
 import logging
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -39,22 +38,13 @@ _path: str | None = None  # this process's file, once a traced group was created
 _rank = 0  # this process's global rank
 
 
-def _restart() -> int:
-    try:
-        return max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0)
-    except ValueError:
-        return 0
-
-
 def file_for(template: str, rank: int, world: int) -> str:
     """The file of ``rank``: ``{rank}`` filled, or ``.rank{R}`` added before the extension in a job of several ranks
-    (and ``.restart{N}`` after a torchrun restart), as the stats files are named."""
-    root, ext = os.path.splitext(template)
-    if "{rank}" not in template and world > 1:
-        root += ".rank{rank}"
-    if "{restart}" not in template and _restart() > 0:
-        root += ".restart{restart}"
-    return (root + ext).format(rank=rank, restart=_restart())
+    (and ``.restart{N}`` after a torchrun restart): named as the stats files are, by the same function."""
+    from delaycomm._config import stats_file
+    from delaycomm._stats.file import restart_count
+
+    return stats_file(template, rank, "", world, default_group=True, restart=restart_count())
 
 
 def arm(template: str | None, capacity: int, rank: int, world: int) -> None:

@@ -40,7 +40,7 @@ _due: dict[str, str] = {}
 _cycles: dict[str, int] = {}
 
 
-def _restart() -> int:
+def restart_count() -> int:
     """torchrun's restart count of this worker (0 outside torchrun)."""
     try:
         return max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0)
@@ -70,10 +70,10 @@ def target(cfg: EffectiveConfig, dist_opts, global_ranks: list[int], world: int)
     default_group = not list(getattr(dist_opts, "global_ranks_in_group", None) or [])
     rank = global_ranks[dist_opts.group_rank]
     group = str(dist_opts.group_id)
-    first = stats_file(cfg.stats, rank, group, world, default_group, _restart())
+    first = stats_file(cfg.stats, rank, group, world, default_group, restart_count())
     with _lock:
         cycle = _cycles.get(os.path.abspath(first), 0)
-    path = stats_file(cfg.stats, rank, group, world, default_group, _restart(), cycle)
+    path = stats_file(cfg.stats, rank, group, world, default_group, restart_count(), cycle)
     where = f"the file of rank {rank} in group {group!r}, {shorten(repr(path))},"
 
     def bad(why: str) -> ValueError:
