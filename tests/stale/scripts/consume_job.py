@@ -30,12 +30,9 @@ Paths (DDP unless said):
 
 from __future__ import annotations
 
-import argparse
-import os
-import time
-
 import torch
 import torch.distributed as dist
+from job_main import run_paths
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import delaycomm
@@ -214,29 +211,16 @@ def train_lost(rank: int, steps: int) -> dict:
     return {"in_flight": in_flight, "error": error, "stale_calls": stale_calls(group)}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--paths", required=True, help="comma-separated paths (see above)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+def _train(path: str, rank: int, world: int, steps: int) -> dict:
+    if path in ("fsdp1", "fsdp2"):
+        return train_fsdp(path, rank, world, steps)
+    if path == "lost":
+        return train_lost(rank, steps)
+    return train_ddp(path, rank, steps)
 
-    dist.init_process_group(backend="delaycomm")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    os.makedirs(args.out, exist_ok=True)
-    for path in args.paths.split(","):
-        t0 = time.perf_counter()
-        if path in ("fsdp1", "fsdp2"):
-            result = train_fsdp(path, rank, world, args.steps)
-        elif path == "lost":
-            result = train_lost(rank, args.steps)
-        else:
-            result = train_ddp(path, rank, args.steps)
-        result["world"] = world
-        torch.save(result, os.path.join(args.out, f"{path}.rank{rank}.pt"))
-        if rank == 0:
-            print(f"path {path}: {time.perf_counter() - t0:.1f} s", flush=True)
-    dist.destroy_process_group()
+
+def main() -> None:
+    run_paths(__doc__, 30, _train)
 
 
 if __name__ == "__main__":

@@ -34,13 +34,10 @@ Paths (2 ranks unless noted):
 
 from __future__ import annotations
 
-import argparse
-import os
-import time
-
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from job_main import run_paths
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.checkpoint import checkpoint
 
@@ -356,29 +353,16 @@ def train_gan(rank: int, steps: int) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--paths", required=True, help="comma-separated paths (see above)")
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+def _train(path: str, rank: int, world: int, steps: int) -> dict:
+    if path == "gan":
+        return train_gan(rank, steps)
+    if path.startswith("two_ddp"):
+        return train_two(path, rank, steps)
+    return train_net(path, rank, steps)
 
-    dist.init_process_group(backend="delaycomm")
-    rank = dist.get_rank()
-    os.makedirs(args.out, exist_ok=True)
-    for path in args.paths.split(","):
-        t0 = time.perf_counter()
-        if path == "gan":
-            result = train_gan(rank, args.steps)
-        elif path.startswith("two_ddp"):
-            result = train_two(path, rank, args.steps)
-        else:
-            result = train_net(path, rank, args.steps)
-        result["world"] = dist.get_world_size()
-        torch.save(result, os.path.join(args.out, f"{path}.rank{rank}.pt"))
-        if rank == 0:
-            print(f"path {path}: {time.perf_counter() - t0:.1f} s", flush=True)
-    dist.destroy_process_group()
+
+def main() -> None:
+    run_paths(__doc__, 30, _train)
 
 
 if __name__ == "__main__":

@@ -24,14 +24,12 @@ tp).
 
 from __future__ import annotations
 
-import argparse
 import collections
 import contextlib
-import os
-import time
 
 import torch
 import torch.distributed as dist
+from job_main import run_paths
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import delaycomm
@@ -268,29 +266,16 @@ def train_mesh(path: str, rank: int, world: int, steps: int) -> dict:
     return {"losses": losses, "stats": stats}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--paths", required=True, help="comma-separated paths (see above)")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+def _train(path: str, rank: int, world: int, steps: int) -> dict:
+    if path == "metric":
+        return train_metric(rank, world, steps)
+    if path in ("tp", "fsdp2", "hsdp", "tp_fsdp2"):
+        return train_mesh(path, rank, world, steps)
+    return train_ddp(path, rank, world, steps)
 
-    dist.init_process_group(backend="delaycomm")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    os.makedirs(args.out, exist_ok=True)
-    for path in args.paths.split(","):
-        t0 = time.perf_counter()
-        if path == "metric":
-            result = train_metric(rank, world, args.steps)
-        elif path in ("tp", "fsdp2", "hsdp", "tp_fsdp2"):
-            result = train_mesh(path, rank, world, args.steps)
-        else:
-            result = train_ddp(path, rank, world, args.steps)
-        result["world"] = world
-        torch.save(result, os.path.join(args.out, f"{path}.rank{rank}.pt"))
-        if rank == 0:
-            print(f"path {path}: {time.perf_counter() - t0:.1f} s", flush=True)
-    dist.destroy_process_group()
+
+def main() -> None:
+    run_paths(__doc__, 60, _train)
 
 
 if __name__ == "__main__":
