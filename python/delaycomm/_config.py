@@ -460,6 +460,14 @@ def _parse_stats(v: Any) -> str | None:
     return s
 
 
+def restart_count() -> int:
+    """torchrun's restart count of this worker (0 outside torchrun)."""
+    try:
+        return max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0)
+    except ValueError:
+        return 0
+
+
 def stats_file(
     template: str, rank: int, group: str, world_size: int, default_group: bool, restart: int = 0, cycle: int = 0
 ) -> str:

@@ -41,8 +41,7 @@ _rank = 0  # this process's global rank
 def file_for(template: str, rank: int, world: int) -> str:
     """The file of ``rank``: ``{rank}`` filled, or ``.rank{R}`` added before the extension in a job of several ranks
     (and ``.restart{N}`` after a torchrun restart): named as the stats files are, by the same function."""
-    from delaycomm._config import stats_file
-    from delaycomm._stats.file import restart_count
+    from delaycomm._config import restart_count, stats_file
 
     return stats_file(template, rank, "", world, default_group=True, restart=restart_count())
 

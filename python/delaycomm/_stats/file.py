@@ -24,7 +24,7 @@ import threading
 import warnings
 
 from delaycomm import _registry
-from delaycomm._config import EffectiveConfig, invalid_value, shorten, stats_file
+from delaycomm._config import EffectiveConfig, invalid_value, restart_count, shorten, stats_file
 from delaycomm._stats import group_stats
 from delaycomm._tools.output import check_writable, write_json
 
@@ -38,14 +38,6 @@ _lock = threading.Lock()
 _due: dict[str, str] = {}
 # Stats path of a cycle-0 group -> the cycles of it this process has created (a re-created group's next file).
 _cycles: dict[str, int] = {}
-
-
-def restart_count() -> int:
-    """torchrun's restart count of this worker (0 outside torchrun)."""
-    try:
-        return max(int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")), 0)
-    except ValueError:
-        return 0
 
 
 def target(cfg: EffectiveConfig, dist_opts, global_ranks: list[int], world: int) -> tuple[str, str] | None:
