@@ -29,9 +29,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from delaycomm import costmodel  # noqa: E402
+from delaycomm import costmodel  # noqa: E402  (the installed package: scripts/setup.sh builds it into .venv)
 from delaycomm.costmodel import nccl  # noqa: E402
 from delaycomm.sources import build  # noqa: E402
 
@@ -119,6 +118,23 @@ def section_choice(model: costmodel.CostModel) -> dict:
                 a, p = model.choice(name, s, t)
                 rows.setdefault(name, {})[str(s)] = [a, p, round(model.busbw(name, s, t) * 1e-9, 2)]
         out[t.describe()] = rows
+    return out
+
+
+ALGO_SETTINGS = (None, "^NVLSTree", "Ring")
+
+
+def section_algo(obs: list) -> dict:
+    """all_reduce at 80 ranks on 10 nodes under the cluster's NCCL_ALGO: unset (NCCL's choice), NVLSTree disabled,
+    ring forced; the same fit otherwise."""
+    out = {}
+    t = T(80, 10)
+    for algo in ALGO_SETTINGS:
+        m = costmodel.fit(obs, tuning=nccl.Tuning(algo=algo))
+        out[algo or "unset"] = {
+            str(1 << k): [*m.choice("all_reduce", 1 << k, t), round(m.busbw("all_reduce", 1 << k, t) * 1e-9, 2)]
+            for k in range(20, 35)
+        }
     return out
 
 
@@ -213,6 +229,15 @@ def markdown(rec: dict) -> str:
                 f"| {_size(int(s))} | " + " | ".join(f"{v[s][0]}/{v[s][1]} {v[s][2]}" for v in by.values()) + " |"
             )
         lines.append("")
+    by = rec["algo_80"]
+    lines += [
+        "## all_reduce at 80 ranks on 10 nodes under the cluster's NCCL_ALGO (15+16 fit; predicted busbw GB/s)",
+        "",
+        "| size | " + " | ".join(f"NCCL_ALGO {k}" for k in by) + " |",
+        "|---|" + "---|" * len(by),
+    ]
+    for s in next(iter(by.values())):
+        lines.append(f"| {_size(int(s))} | " + " | ".join(f"{v[s][0]}/{v[s][1]} {v[s][2]}" for v in by.values()) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -234,6 +259,7 @@ def main(argv=None) -> int:
         "extrapolate": section_extrapolate(files),
         "choice": section_choice(model),
         "seed000": section_seed000(model),
+        "algo_80": section_algo(a + b),
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "costmodel.json"), "w") as f:

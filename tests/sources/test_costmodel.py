@@ -74,8 +74,12 @@ def test_each_algorithm_and_protocol_is_priced_with_nccls_structure_and_constant
     # NCCL's choice: the cheapest of every (algorithm, protocol).
     assert m.choice(ar, 8, T(64, 8)) == ("tree", "LL") and m.choice(ar, 1 << 34, T(64, 8)) == ("ring", "Simple")
     assert m.choice(ar, 8, T(8, 1)) == ("ring", "LL") and m.choice("all_gather", 1 << 34, T(8, 1))[1] == "Simple"
-    with pytest.raises(cm.ModelError, match=r"all_reduce at 8 ranks on 1 node\(s\) of 8 GPU\(s\) has no tree"):
-        m.seconds(ar, s, T(8, 1), algorithm="tree")
+    # Tree on one node: a chain through the node's GPUs, LL128 at 7/9 of the bus bandwidth (not 120/128).
+    assert m.seconds(ar, s, T(8, 1), algorithm="tree", protocol="LL128") == pytest.approx(
+        14e-6 + 2 * 7 * 4e-6 * 1.25 / 3.4 + 2 * s / (0.92 * 7 / 9 * 400e9)
+    )
+    with pytest.raises(cm.ModelError, match=r"all_reduce at 64 ranks on 8 node\(s\) of 8 GPU\(s\) has no nvls_tree"):
+        m.seconds(ar, s, T(64, 8), algorithm="nvls_tree")  # no NVLink SHARP in this model's fit
     # all_to_all between two nodes: half of each rank's bytes leave through its NIC.
     assert m.busbw("alltoall", 1 << 34, T(16, 2)) == pytest.approx(45e9 * 15 / 8, rel=1e-3)
 

@@ -1,8 +1,9 @@
 """A cost model of NCCL's collectives, fitted to measured tables and used to predict other scales (docs/costmodel.md).
 
-NCCL prices every call once per (algorithm, protocol): ring and, for all_reduce between nodes, tree, each in LL,
-LL128 and Simple (NVLink SHARP for an all_reduce on one node where a table needs it), as a latency plus the bytes
-over a bandwidth, and runs the cheapest (``src/graph/tuning.cc``). This model does the same with NCCL's own
+NCCL prices every call once per (algorithm, protocol): ring and, for all_reduce, tree, each in LL, LL128 and
+Simple (NVLink SHARP for an all_reduce on one node where a table needs it, NVLSTree between such nodes), as a
+latency plus the bytes over a bandwidth, and runs the cheapest of those the cluster's NCCL_ALGO/NCCL_PROTO enable
+(``src/graph/tuning.cc``). This model does the same with NCCL's own
 structure and constants (:mod:`.nccl`: step counts within and between nodes, base and per-hop latencies per
 algorithm and protocol, the protocols' bandwidth shares, the tree's 0.92 and its correction at medium sizes, the
 ring's plateau) and fits what NCCL reads from the machine: the bus bandwidth of a node's links and of a NIC, and
@@ -106,10 +107,19 @@ class Observation:
     where: str = ""
 
 
-def _candidates(c: Collective, size: float, t: Topology, with_nvls: bool) -> list[nccl.Candidate]:
-    return nccl.candidates(
-        c.name, size, c.bus_factor(t.ranks), t.ranks, t.nodes, t.nics_used, with_nvls and t.gpus_per_node > 2
+def _candidates(
+    c: Collective, size: float, t: Topology, with_nvls: bool, tuning: nccl.Tuning | None = None
+) -> list[nccl.Candidate]:
+    out = nccl.candidates(
+        c.name, size, c.bus_factor(t.ranks), t.ranks, t.nodes, t.nics_used, with_nvls and t.gpus_per_node > 2, tuning
     )
+    if not out:
+        raise ModelError(
+            f"cost model: {tuning.describe() if tuning else ''} leaves {c.name} at {t.describe()} no algorithm and "
+            "protocol the model prices (NCCL would fail such a call: enable ring, or tree/NVLSTree for all_reduce "
+            "between nodes)"
+        )
+    return out
 
 
 def _best(cands: list[nccl.Candidate], theta: np.ndarray) -> tuple[float, int, int]:
@@ -274,9 +284,11 @@ class CollectiveFit:
 
 @dataclass
 class CostModel:
-    """Fitted terms per collective (nccl-tests' names), and the predictions they give."""
+    """Fitted terms per collective (nccl-tests' names), and the predictions they give, under the cluster's NCCL_ALGO
+    and NCCL_PROTO (``tuning``: the sources' and the target's alike)."""
 
     fits: dict[str, CollectiveFit]
+    tuning: nccl.Tuning = field(default_factory=nccl.Tuning)
 
     def _fit_of(self, name: str, params_of: str | None) -> tuple[Collective, CollectiveFit]:
         c = COLLECTIVES.get(name)
@@ -290,7 +302,7 @@ class CostModel:
 
     def _priced(self, name, size, topology, algorithm=None, protocol=None, params_of=None):
         c, f = self._fit_of(name, params_of)
-        cands = _candidates(c, float(size), topology, f.bw_nvls is not None)
+        cands = _candidates(c, float(size), topology, f.bw_nvls is not None, self.tuning)
         if algorithm is not None or protocol is not None:
             cands = [
                 x
@@ -300,7 +312,8 @@ class CostModel:
             if not cands:
                 raise ModelError(
                     f"cost model: {name} at {topology.describe()} has no {algorithm or ''} {protocol or ''} candidate"
-                    " (NCCL runs tree only for all_reduce between nodes, NVLS only on one node)".replace("  ", " ")
+                    " (NCCL runs tree only for all_reduce; NVLS on one node and NVLSTree between nodes only where the"
+                    " fit saw NVLink SHARP; NCCL_ALGO/NCCL_PROTO may have disabled it)".replace("  ", " ")
                 )
         where = f"{name} at {topology.describe()}"
         needed = {j for x in cands for _, v in x.entries for j in range(len(TERMS)) if v[j] != 0}
@@ -328,7 +341,8 @@ class CostModel:
         """The predicted time of ``name`` on ``size`` bytes (nccl-tests' size) at ``topology``.
 
         Args:
-            algorithm: ``ring``, ``tree`` or ``nvls`` to price one algorithm (default: the cheapest, as NCCL picks).
+            algorithm: ``ring``, ``tree``, ``nvls`` or ``nvls_tree`` to price one algorithm (default: the cheapest,
+                as NCCL picks).
             protocol: ``LL``, ``LL128`` or ``Simple`` likewise.
             params_of: price with another collective's fitted terms (a cross-check of the bus factors).
 
@@ -363,7 +377,7 @@ class CostModel:
                     setattr(g, term, given if given is not None else nccl.NCCL_DEFAULTS[term])
                     g.assumed[term] = "given" if given is not None else "NCCL's default (src/graph/tuning.cc, topo.h)"
             out[name] = g
-        return CostModel(out)
+        return CostModel(out, self.tuning)
 
     def as_dict(self) -> dict:
         return {
@@ -371,6 +385,8 @@ class CostModel:
             "version": VERSION,
             "model": "docs/costmodel.md",
             "tree_bandwidth": nccl.TREE_BW,
+            "nccl_algo": self.tuning.algo,
+            "nccl_proto": self.tuning.proto,
             "collectives": {k: f.as_dict() for k, f in self.fits.items()},
         }
 
@@ -391,11 +407,22 @@ class CostModel:
             if name not in COLLECTIVES or not isinstance(v, dict):
                 raise ModelError(f"{where}: field collectives.{name} is not a fitted collective")
             fits[name] = CollectiveFit.from_dict(name, v)
-        return CostModel(fits)
+        tuning = {}
+        for key in ("nccl_algo", "nccl_proto"):
+            v = d.get(key)
+            if v is not None and not isinstance(v, str):
+                raise ModelError(f"{where}: field {key} is {v!r} (expected NCCL's syntax, a string, or null)")
+            tuning[key[5:]] = v
+        try:
+            return CostModel(fits, nccl.Tuning(**tuning))
+        except ValueError as e:
+            raise ModelError(f"{where}: {e}") from None
 
 
-def fit(observations: Sequence[Observation], *, max_rounds: int = 40) -> CostModel:
+def fit(observations: Sequence[Observation], *, max_rounds: int = 40, tuning: nccl.Tuning | None = None) -> CostModel:
     """The model whose terms, per collective, best fit the observations' times in relative error.
+
+    ``tuning``: the cluster's NCCL_ALGO and NCCL_PROTO, under which the sources ran and the target will.
 
     Raises:
         ModelError: no observations, a bad one, or a fit its rows cannot determine (the message says what would).
@@ -416,8 +443,8 @@ def fit(observations: Sequence[Observation], *, max_rounds: int = 40) -> CostMod
         groups.setdefault(o.collective, []).append(o)
     fits: dict[str, CollectiveFit] = {}
     for name in sorted(groups, key=lambda k: k == "all_reduce"):  # all_reduce last: it may use reduce_scatter's rings
-        fits[name] = _fit.fit_collective(name, groups[name], max_rounds, fits)
-    return CostModel(fits)
+        fits[name] = _fit.fit_collective(name, groups[name], max_rounds, fits, tuning)
+    return CostModel(fits, tuning or nccl.Tuning())
 
 
 from delaycomm.costmodel import _fit  # noqa: E402  (it uses the classes above)

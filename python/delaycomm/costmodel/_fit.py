@@ -25,10 +25,10 @@ _START = np.array([3.4e-6, 14e-6, 1 / 370e9, 1 / 50e9, 1 / 480e9, 25e-6])  # NCC
 _NVLS_NEEDED = 1.10
 
 
-def _alternate(obs: list[Observation], nvls: bool, fixed: dict[int, float], max_rounds: int):
+def _alternate(obs: list[Observation], nvls: bool, fixed: dict[int, float], max_rounds: int, tuning=None):
     """Choose each row's (algorithm, protocol) under the terms, fit the free terms to those choices, until the
     choices repeat; the best terms seen, by the rows' RMS relative error."""
-    cands = [_candidates(COLLECTIVES[o.collective], float(o.size), o.topology, nvls) for o in obs]
+    cands = [_candidates(COLLECTIVES[o.collective], float(o.size), o.topology, nvls, tuning) for o in obs]
     t = np.array([o.seconds for o in obs])
     theta = _START.copy()
     for j, v in fixed.items():
@@ -60,7 +60,7 @@ def _plain(cands, i: int, theta: np.ndarray) -> np.ndarray:
     """The decisive entry of the row's ring/Simple candidate (its NVLS or point-to-point one where chosen)."""
     pick = cands[i]
     if pick.algorithm in ("ring", "tree"):
-        pick = next(c for c in cands if c.algorithm == "ring" and c.protocol == "Simple")
+        pick = next((c for c in cands if c.algorithm == "ring" and c.protocol == "Simple"), pick)
     return pick.entries[pick.time(theta)[1]][1]
 
 
@@ -83,17 +83,17 @@ def _reference_ring(fits: dict[str, CollectiveFit]) -> CollectiveFit | None:
 
 
 def fit_collective(
-    name: str, obs: list[Observation], max_rounds: int, others: dict[str, CollectiveFit]
+    name: str, obs: list[Observation], max_rounds: int, others: dict[str, CollectiveFit], tuning=None
 ) -> CollectiveFit:
     """One collective's terms; all_reduce adds NVLink SHARP where its one-node rows need it (module docstring)."""
-    _, theta, cands, t = _alternate(obs, False, {}, max_rounds)
+    _, theta, cands, t = _alternate(obs, False, {}, max_rounds, tuning)
     assumed: dict[str, str] = {}
     ref = _reference_ring(others) if name == "all_reduce" else None
     one_node = [o for o in obs if o.topology.nodes == 1 and o.topology.gpus_per_node > 2]
     if ref is not None and one_node and theta[nccl.U_INTRA] > 0:
         if 1.0 / theta[nccl.U_INTRA] > _NVLS_NEEDED * ref.bw_intra:
             fixed = {nccl.U_INTRA: 1.0 / ref.bw_intra, nccl.LAT_INTRA: ref.lat_intra}
-            _, theta, cands, t = _alternate(obs, True, fixed, max_rounds)
+            _, theta, cands, t = _alternate(obs, True, fixed, max_rounds, tuning)
             why = f"the {ref.collective} fit: NCCL's rings are the same for every collective"
             assumed = {"bw_intra": why, "lat_intra": why}
     chosen = [_best(c, theta) for c in cands]

@@ -12,6 +12,7 @@ protocol's bandwidth cap), and NCCL runs the candidate of least time, as ``ncclT
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -32,17 +33,28 @@ HW_US = {
     "nvlink": {"tree": (0.6, 1.25, 4.0), "ring": (0.6, 1.9, 3.4), "nvls": (0.0, 0.0, 25.0)},
     "net": {"tree": (5.0, 8.5, 14.0), "ring": (2.7, 4.0, 14.0), "nvls_tree": (0.0, 0.0, 20.9)},
 }
+# NVLSTree's latency (us): no base latency; its NVLink hop is NVLS's (the fitted lat_nvls scales it), each network
+# hop hwLatencies[NET][NVLS_TREE][Simple].
+NVLS_TREE_HW_US = {"nvlink": 25.0, "net": 20.9}
 # Protocols' share of the ring's bus bandwidth: LL busBw * .5 (capped by llMaxBw), LL128 * 0.92.
 RING_PROTO_BW = (0.5, 0.92, 1.0)
 # Tree all_reduce: busBw * .92; LL a further 1/3.8 (capped by llMaxBw); LL128 120/128 between nodes (7/9 on one).
 TREE_BW = 0.92
 TREE_PROTO_BW = (1.0 / 3.8, 120.0 / 128.0, 1.0)
+TREE_LL128_ONE_NODE = 7.0 / 9.0
 # llMaxBws (GB/s), Hopper on one node, Intel-hosted nodes for 2 and for more nodes (NCCL picks by node count and CPU).
 LL_MAX_GBPS = {1: 141.0, 2: 39.0, 4: 20.4}
 # The ring's plateau (ncclTopoGetAlgoTime): ring/Simple all_reduce between nodes has its latency * 1.4 (sm80+)
 # once nBytes / (nChannels * nRanks) >= 64.
 RING_PLATEAU = 1.4
 PLATEAU_CHANNELS = 16  # not NCCL's: the channel count is the topology's; 16 is an H100 ring's usual count
+# NVLSTree (all_reduce between nodes whose GPUs run NVLink SHARP): nvlsEfficiency (Hopper) and the channel count
+# of its intra-node bandwidth (intraBw = bwIntra * .85 * (nCh - 1) / nCh, doubled for all_reduce), its inter-node
+# bandwidth doubled on two nodes ("Handle 2 node case of NVLSTree"), and perChMaxNVLSTreeBws (Hopper, GB/s, 2 nodes
+# and more) times the channels.
+NVLS_EFFICIENCY = 0.85
+NVLS_CHANNELS = 16  # not NCCL's: NCCL_NVLS_NCHANNELS' usual value on an H100 node
+NVLS_TREE_PER_CH_GBPS = {2: 57.7, 4: 45.5}
 # treeCorrectionFactor[protocol][log2(nBytes >> 6)] for the 24 powers of two from 64 B: the tree's measured
 # shortfall from its model at medium sizes.
 TREE_CORRECTION = (
@@ -156,7 +168,8 @@ def ring(name: str, size: float, bus_factor: float, n: int, nodes: int, k: int) 
 
 
 def tree(size: float, n: int, nodes: int, k: int) -> list[Candidate]:
-    """Tree all_reduce between nodes: 2((g - 1) intra + log2(N) inter) hops, 2S at .92 of the bus bandwidth."""
+    """Tree all_reduce: 2((g - 1) intra + log2(N) inter) hops, 2S at .92 of the bus bandwidth (on one node a chain
+    through the node's GPUs, LL128 at 7/9 instead of 120/128)."""
     g = n // nodes
     out = []
     for p, proto in enumerate(PROTOCOLS):
@@ -165,7 +178,8 @@ def tree(size: float, n: int, nodes: int, k: int) -> list[Candidate]:
             lat_intra=2 * (g - 1) * _hw_ratio("nvlink", "tree", p),
             lat_inter=2 * log2i(nodes) * _hw_ratio("net", "tree", p),
         )
-        share = TREE_BW * TREE_PROTO_BW[p] * tree_correction(p, size)
+        proto_bw = TREE_LL128_ONE_NODE if p == LL128 and nodes == 1 else TREE_PROTO_BW[p]
+        share = TREE_BW * proto_bw * tree_correction(p, size)
         wire = 2.0 * size / share
         entries = [(base, lat + wire * link) for link in _links(g, nodes, k)]
         if p == LL:
@@ -177,6 +191,22 @@ def tree(size: float, n: int, nodes: int, k: int) -> list[Candidate]:
 def nvls(size: float, bus_factor: float) -> Candidate:
     """NVLink SHARP all_reduce on one node (Simple only): its own latency and bus bandwidth, both fitted."""
     return Candidate("nvls", "Simple", ((0.0, _vec(lat_nvls=1.0, bw_nvls=size * bus_factor)),))
+
+
+def nvls_tree(size: float, bus_factor: float, n: int, nodes: int, k: int) -> Candidate:
+    """NVLSTree all_reduce between nodes (Simple only): NVLS within each node, trees between the nodes.
+
+    NCCL's bus bandwidth is the least of NVLS's within a node (``bw_nvls``, the one-node NVLS fit, times
+    .85 (nCh - 1) / nCh and doubled: all_reduce pipelines two operations), the node's NICs (doubled on two nodes)
+    and the per-channel cap; its latency one NVLS hop plus 2 log2(N) network hops at NVLSTree's 20.9 us.
+    """
+    wire = size * bus_factor
+    intra = NVLS_EFFICIENCY * (NVLS_CHANNELS - 1) / NVLS_CHANNELS * 2.0
+    inter = k * (2.0 if nodes <= 2 else 1.0)
+    cap = NVLS_CHANNELS * NVLS_TREE_PER_CH_GBPS[2 if nodes <= 2 else 4] * 1e9
+    lat = _vec(lat_nvls=1.0, lat_inter=2 * log2i(nodes) * NVLS_TREE_HW_US["net"] / HW_US["net"]["ring"][SIMPLE])
+    entries = ((0.0, lat + _vec(bw_nvls=wire / intra)), (0.0, lat + _vec(bw_net=wire / inter)), (wire / cap, lat))
+    return Candidate("nvls_tree", "Simple", entries)
 
 
 def peer(name: str, size: float, n: int, nodes: int, k: int) -> list[Candidate]:
@@ -197,16 +227,115 @@ def peer(name: str, size: float, n: int, nodes: int, k: int) -> list[Candidate]:
 
 
 def candidates(
+    name: str,
+    size: float,
+    bus_factor: float,
+    n: int,
+    nodes: int,
+    k: int,
+    with_nvls: bool,
+    tuning: Tuning | None = None,
+) -> list[Candidate]:
+    """Every (algorithm, protocol) NCCL could run for the call (none for one rank: it costs nothing), less those
+    ``tuning`` (the cluster's NCCL_ALGO and NCCL_PROTO) disables."""
+    out = _every_candidate(name, size, bus_factor, n, nodes, k, with_nvls)
+    if tuning is None or name in PEER_OPS or n == 1:
+        return out
+    return [c for c in out if tuning.allows(name, c.algorithm, c.protocol)]
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """The cluster's NCCL_ALGO and NCCL_PROTO (NCCL's syntax; None: NCCL's default, everything it models)."""
+
+    algo: str | None = None
+    proto: str | None = None
+
+    def __post_init__(self):
+        _ = self.enabled  # a bad list is an error where it is given
+
+    @functools.cached_property
+    def enabled(self) -> tuple[dict[str, frozenset[str]] | None, dict[str, frozenset[str]] | None]:
+        algos = parse_tuning_list(self.algo, "NCCL_ALGO", NCCL_ALGOS) if self.algo else None
+        protos = parse_tuning_list(self.proto, "NCCL_PROTO", NCCL_PROTOS) if self.proto else None
+        return algos, protos
+
+    def allows(self, name: str, algorithm: str, protocol: str) -> bool:
+        algos, protos = self.enabled
+        return (algos is None or algorithm in algos[name]) and (protos is None or protocol in protos[name])
+
+    def describe(self) -> str:
+        parts = [f"NCCL_ALGO={self.algo}" if self.algo else "", f"NCCL_PROTO={self.proto}" if self.proto else ""]
+        return " ".join(p for p in parts if p) or "NCCL's defaults"
+
+
+def _every_candidate(
     name: str, size: float, bus_factor: float, n: int, nodes: int, k: int, with_nvls: bool
 ) -> list[Candidate]:
-    """Every (algorithm, protocol) NCCL could run for the call (none for one rank: it costs nothing)."""
     if n == 1:
         return [Candidate("none", "none", ((0.0, np.zeros(len(TERMS))),))]
     if name in PEER_OPS:
         return peer(name, size, n, nodes, k)
     out = ring(name, size, bus_factor, n, nodes, k)
-    if name == "all_reduce" and nodes > 1:
+    if name == "all_reduce":
         out += tree(size, n, nodes, k)
-    if name == "all_reduce" and nodes == 1 and with_nvls:
-        out.append(nvls(size, bus_factor))
+    if name == "all_reduce" and with_nvls:
+        out.append(nvls(size, bus_factor) if nodes == 1 else nvls_tree(size, bus_factor, n, nodes, k))
     return out
+
+
+# NCCL's names (src/init.cc: ncclFuncStr, ncclAlgoStr, ncclProtoStr) and the model's for them. CollNet and PAT are
+# NCCL's but not the model's (no public table shows them): naming them is allowed, and prices nothing.
+NCCL_FUNCS = {
+    "broadcast": "broadcast",
+    "reduce": "reduce",
+    "allgather": "all_gather",
+    "reducescatter": "reduce_scatter",
+    "allreduce": "all_reduce",
+}
+NCCL_ALGOS = {
+    "tree": "tree",
+    "ring": "ring",
+    "collnetdirect": None,
+    "collnetchain": None,
+    "nvls": "nvls",
+    "nvlstree": "nvls_tree",
+    "pat": None,
+}
+NCCL_PROTOS = {"ll": "LL", "ll128": "LL128", "simple": "Simple"}
+
+
+def parse_tuning_list(text: str, option: str, elems: dict[str, str | None]) -> dict[str, frozenset[str]]:
+    """What NCCL_ALGO or NCCL_PROTO (``text``, NCCL's syntax) enables per collective: the model's names.
+
+    NCCL's ``parseList`` (src/graph/tuning.cc): entries separated by ``;``, each ``[function:]list`` where only the
+    first may lack the function (it then applies to every function); a list is comma-separated names, all the others
+    disabled, or ``^names``, those disabled; names are case-insensitive. Collectives no entry names keep everything.
+
+    Raises:
+        ValueError: a name NCCL does not know, or an entry NCCL would refuse (the message names ``option``).
+    """
+    enabled = {f: set(v for v in elems.values() if v) for f in NCCL_FUNCS.values()}
+    entries = text.split(";")
+    for i, entry in enumerate(entries):
+        prefix, sep, names = entry.partition(":")
+        if not sep:
+            if i:
+                raise ValueError(f"{option} {text!r}: every entry but the first must name a function ('allreduce:...')")
+            prefix, names = "", entry
+        prefix = prefix.strip().lower()
+        if prefix and prefix not in NCCL_FUNCS:
+            raise ValueError(f"{option} {text!r}: no function {prefix!r} (expected one of: {', '.join(NCCL_FUNCS)})")
+        names = names.strip()
+        negate = names.startswith("^")
+        listed = set()
+        for name in (names[1:] if negate else names).split(","):
+            key = name.strip().lower()
+            if key not in elems:
+                raise ValueError(f"{option} {text!r}: no {key!r} (expected names from: {', '.join(elems)})")
+            if elems[key]:
+                listed.add(elems[key])
+        every = {v for v in elems.values() if v}
+        for f in [NCCL_FUNCS[prefix]] if prefix else NCCL_FUNCS.values():
+            enabled[f] = every - listed if negate else listed
+    return {f: frozenset(v) for f, v in enabled.items()}

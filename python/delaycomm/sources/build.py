@@ -101,7 +101,7 @@ def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmode
             )
     obs = [o for s in sources for o in s.observations]
     try:
-        model = costmodel.fit(obs)
+        model = costmodel.fit(obs, tuning=costmodel.nccl.Tuning(opt.nccl_algo, opt.nccl_proto))
     except costmodel.ModelError as e:
         raise SourceError(f"delaycomm: profile: --ranks: {e}") from None
     samples: dict[tuple[str, int], np.ndarray] = {}
@@ -123,6 +123,11 @@ def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmode
             except costmodel.ModelError as e:
                 refused.setdefault(op, {"classes": [], "why": str(e)})["classes"].append(cls)
             cls <<= 1
+    ran = {(o.collective, model.algorithm(o.collective, o.size, o.topology)) for o in obs}
+    for op, op_notes in notes.items():
+        name = collective_of_op(op).name
+        for note in op_notes:
+            note["observed_algorithm"] = (name, note["algorithm"]) in ran
     if not samples:
         why = "; ".join(f"{op}: {r['why']}" for op, r in refused.items())
         raise SourceError(f"delaycomm: profile: --ranks: the model can predict no class at the target: {why}")
@@ -138,6 +143,8 @@ def _retarget(sources: list[Source], opt: Options) -> tuple[dict, dict, costmode
         "sources": [{"path": s.path, "ranks": s.topology.ranks, "nodes": s.topology.nodes} for s in sources],
         "classes": notes,
         "refused": refused or None,
+        "nccl_algo": opt.nccl_algo,
+        "nccl_proto": opt.nccl_proto,
     }
     return samples, meta, model
 
@@ -287,9 +294,34 @@ def build_profile(
             f"re-targeted to {opt.ranks} ranks on {opt.nodes} node(s) with the cost model fitted to "
             f"{sum(len(s.observations) for s in sources)} measurement(s) (docs/costmodel.md)"
         )
+        report.extend(_unobserved(retarget_meta["classes"]))
     if stats:
         doc = _merge_stats(doc, stats_build(stats), stats)
     return doc, report
+
+
+def _unobserved(classes: dict[str, list[dict]]) -> list[str]:
+    """A line per op whose classes the model prices with an algorithm no source row ran: NCCL's own constants
+    there, not a measurement."""
+    out = []
+    for op, notes in sorted(classes.items()):
+        algos = sorted({n["algorithm"] for n in notes if not n["observed_algorithm"]})
+        if algos:
+            sizes = [n["bytes"] for n in notes if not n["observed_algorithm"]]
+            out.append(
+                f"warning: {op}: {len(sizes)} class(es) ({_size(min(sizes))} to {_size(max(sizes))}) priced with "
+                f"{', '.join(algos)}, which NCCL would choose at the target but no source table ran: their times "
+                "rest on NCCL's tuning constants, not a measurement (metadata.retargeted.classes[].observed_algorithm"
+                "; --nccl-algo gives the cluster's NCCL_ALGO; docs/costmodel.md)"
+            )
+    return out
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift} {unit}"
+    return f"{n} B"
 
 
 READER_BUG = "a bug in delaycomm's reader"
@@ -418,6 +450,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="K",
         help="NICs per node of the target and the sources (default: one per GPU)",
     )
+    for flag, env, example in (
+        ("--nccl-algo", "NCCL_ALGO", "Ring or ^NVLSTree"),
+        ("--nccl-proto", "NCCL_PROTO", "Simple"),
+    ):
+        g.add_argument(
+            flag,
+            metavar="LIST",
+            help=f"the cluster's {env} in NCCL's syntax (e.g. {example}; default: unset, NCCL's choice): the model "
+            "chooses only among what it enables, for the sources and the target alike (docs/costmodel.md)",
+        )
     g.add_argument(
         "--source-ranks",
         type=argtypes.integer(1, 1 << 20),
@@ -466,6 +508,16 @@ def options_from(args: argparse.Namespace) -> Options:
             costmodel.Topology(ranks, nodes, getattr(args, "nics_per_node", None))
         except costmodel.ModelError as e:
             raise SourceError(f"delaycomm: profile: --ranks {ranks} --nodes {nodes}: {e}") from None
+    algo, proto = getattr(args, "nccl_algo", None), getattr(args, "nccl_proto", None)
+    if (algo is not None or proto is not None) and ranks is None:
+        raise SourceError(
+            "delaycomm: profile: --nccl-algo/--nccl-proto choose the model's algorithms: they need --ranks N --nodes M"
+        )
+    try:
+        costmodel.nccl.Tuning(algo, proto)
+    except ValueError as e:
+        flag = "--nccl-algo" if "NCCL_ALGO" in str(e) else "--nccl-proto"
+        raise SourceError(f"delaycomm: profile: {flag}: {e}") from None
     op = getattr(args, "op", None)
     if op is not None and collective(op) is None:
         raise SourceError(f"delaycomm: profile: --op {op!r} names no collective; expected {OP_NAMES_HELP}")
@@ -476,6 +528,8 @@ def options_from(args: argparse.Namespace) -> Options:
         ranks=ranks,
         nodes=nodes,
         nics_per_node=getattr(args, "nics_per_node", None),
+        nccl_algo=algo,
+        nccl_proto=proto,
         trace_gpus_per_node=getattr(args, "trace_gpus_per_node", 8),
         source_ranks=getattr(args, "source_ranks", None),
         source_nodes=getattr(args, "source_nodes", None),

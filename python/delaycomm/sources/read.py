@@ -37,6 +37,8 @@ class Options:
     ranks: int | None = None  # --ranks/--nodes: re-target to this scale
     nodes: int | None = None
     nics_per_node: int | None = None
+    nccl_algo: str | None = None  # --nccl-algo/--nccl-proto: the cluster's NCCL_ALGO/NCCL_PROTO (the model's choices)
+    nccl_proto: str | None = None
     trace_gpus_per_node: int = 8  # the GPUs per node of the jobs that wrote the traces
     source_ranks: int | None = None  # --source-ranks/--source-nodes: the sources' scale, where they do not say it
     source_nodes: int | None = None
