@@ -86,9 +86,9 @@ void DelayProfile::Dist::add(const Dist& o) {
   if (count == 0) {
     sizeBytes = o.sizeBytes;
   } else if (sizeBytes >= 0 && o.sizeBytes >= 0) {
-    const double a = static_cast<double>(sizeBytes);
-    const double b = static_cast<double>(o.sizeBytes);
-    const double mean = (a * static_cast<double>(count) + b * static_cast<double>(o.count)) /
+    const double mine = static_cast<double>(sizeBytes);
+    const double theirs = static_cast<double>(o.sizeBytes);
+    const double mean = (mine * static_cast<double>(count) + theirs * static_cast<double>(o.count)) /
                         (static_cast<double>(count) + static_cast<double>(o.count));
     sizeBytes = std::clamp(static_cast<int64_t>(std::llround(mean)), std::min(sizeBytes, o.sizeBytes),
                            std::max(sizeBytes, o.sizeBytes));
