@@ -1,6 +1,7 @@
 """The draw within a size class (docs/profile.md, "Replay"): a profile's classes may say the size their latencies
 were measured at (``size_bytes``); a call then draws by its own size, continuous in log2 of it, exactly its
-class at that size. Profiles without sizes draw as before. The native sampler, on hand-made profiles."""
+class at that size. Profiles without sizes draw as before. The native sampler, on hand-made profiles, and a replay
+by real groups (ranks as threads)."""
 
 from __future__ import annotations
 
@@ -217,3 +218,39 @@ def test_a_bad_size_bytes_names_the_file_and_the_field(tmp_path, nbytes, size, w
     t = (_ops.BY_NAME["allreduce"].kind, 1024, 3, 0, 1.0, 2.0, np.array([1]), np.array([3], dtype=np.uint64), 2046)
     with pytest.raises(ValueError, match=r"size class of 1024 bytes of op allreduce has a size \(2046 bytes\) the "):
         _C.DelayProfile([t])
+
+
+def test_a_replay_delays_a_call_at_the_top_of_a_class_as_the_next_row_and_without_sizes_as_its_bottom(tmp_path):
+    """Real groups (ranks as threads) replaying a profile: the delay each call was given, per size within one class
+    (add mode: the delay is the draw)."""
+    import torch
+    import torch.distributed as dist
+
+    import delaycomm
+    from tests.harness import run_threads
+
+    # 2 ms at 512 KiB, 4 ms at 1 MiB: a bandwidth-bound pair of rows, each measured at its class's smallest size.
+    rows = [_cls(512 * KiB, 2e6, 512 * KiB, spread=1.02), _cls(MiB, 4e6, MiB, spread=1.02)]
+    sized, unsized = tmp_path / "sized.json", tmp_path / "unsized.json"
+    sized.write_text(json.dumps(_doc({"allreduce": rows})))
+    unsized.write_text(
+        json.dumps(_doc({"allreduce": [{k: v for k, v in r.items() if k != "size_bytes"} for r in rows]}))
+    )
+    bottom, top = 512 * KiB // 4, (MiB - 2 * KiB) // 4  # floats: the 512 KiB class's bottom and top
+
+    def body(ctx):
+        out = {}
+        for name, path in (("sized", sized), ("unsized", unsized)):
+            for where, n in (("bottom", bottom), ("top", top)):
+                g = ctx.group(delay=f"profile:{path}", delay_mode="add", delay_carrier="all")
+                for _ in range(4):
+                    dist.all_reduce(torch.ones(n), group=g)
+                out[(name, where)] = delaycomm.stats(g)["ops"]["allreduce"]["delay"]
+        return out
+
+    for res in run_threads(body, 2, timeout=60):
+        assert all(d["count"] == 4 for d in res.values())
+        p50 = {k: d["p50_us"] for k, d in res.items()}
+        assert 1900 <= p50[("sized", "bottom")] <= 2100 and 1900 <= p50[("unsized", "bottom")] <= 2100
+        assert p50[("sized", "top")] / p50[("sized", "bottom")] == pytest.approx(2.0, rel=0.04)
+        assert p50[("unsized", "top")] / p50[("unsized", "bottom")] == pytest.approx(1.0, rel=0.04)
