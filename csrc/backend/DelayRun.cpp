@@ -48,6 +48,7 @@ uint64_t DelayBackend::admit(OpKind op, int64_t bytes, uint64_t* drawSeq) {
   auto& s = stats_->op(op);
   s.calls.fetch_add(1, std::memory_order_relaxed);
   s.bytes.fetch_add(static_cast<uint64_t>(bytes), std::memory_order_relaxed);
+  s.countSize(bytes);  // the class's mean size (docs/profile.md, size_bytes)
   return seq;
 }
 

@@ -36,9 +36,10 @@ std::vector<T> vectorOf(const py::array_t<T, py::array::c_style | py::array::for
 }
 
 ProfileClass profileClass(const py::tuple& t) {
-  if (t.size() != 8) {
+  if (t.size() != 8 && t.size() != 9) {
     throw std::invalid_argument(
-        "delaycomm: DelayProfile: a class is (op, bytes, count, zeros, min_ns, max_ns, bucket indices, counts)");
+        "delaycomm: DelayProfile: a class is (op, bytes, count, zeros, min_ns, max_ns, bucket indices, counts"
+        "[, size_bytes])");
   }
   ProfileClass c;
   c.op = t[0].cast<OpKind>();
@@ -49,6 +50,9 @@ ProfileClass profileClass(const py::tuple& t) {
   c.maxNs = t[5].cast<double>();
   c.bucketIndex = vectorOf<int>(t[6].cast<py::array_t<int, py::array::c_style | py::array::forcecast>>());
   c.bucketCount = vectorOf<uint64_t>(t[7].cast<py::array_t<uint64_t, py::array::c_style | py::array::forcecast>>());
+  if (t.size() == 9 && !t[8].is_none()) {
+    c.sizeBytes = t[8].cast<int64_t>();  // the size its latencies were measured at (docs/profile.md, size_bytes)
+  }
   return c;
 }
 
@@ -61,6 +65,7 @@ py::dict classDict(const ProfileClassInfo& c) {
   d["min_ns"] = c.minNs;
   d["max_ns"] = c.maxNs;
   d["rare"] = c.rare;
+  d["size_bytes"] = c.sizeBytes >= 0 ? py::object(py::int_(c.sizeBytes)) : py::object(py::none());
   return d;
 }
 
@@ -76,7 +81,8 @@ void bindProfile(py::module_& m) {
              return std::const_pointer_cast<DelayProfile>(DelayProfile::fromClasses(cs));
            }),
            py::arg("classes"),
-           "classes: (op, bytes, count, zeros, min_ns, max_ns, bucket indices, bucket counts) per (op, size class).")
+           "classes: (op, bytes, count, zeros, min_ns, max_ns, bucket indices, bucket counts[, size_bytes or None]) "
+           "per (op, size class).")
       .def(
           "quantile",
           [](const DelayProfile& p, double u, std::optional<std::string> op, int64_t nbytes) {
@@ -94,7 +100,8 @@ void bindProfile(py::module_& m) {
             return out;
           },
           "Every (op, size class): op, bytes, count (its calls), zeros, min_ns, max_ns, rare (fewer than "
-          "min_class_calls calls: drawn from the op's other classes); in op-table order.")
+          "min_class_calls calls: drawn from the op's other classes), size_bytes (the size its latencies were "
+          "measured at, or None: a call of that size draws the class exactly); in op-table order.")
       .def_property_readonly("digest", [](const DelayProfile& p) { return digestText(p.digest()); })
       .def_property_readonly("calls", &DelayProfile::calls)
       .def_readonly_static("min_class_calls", &DelayProfile::kMinClassCalls)

@@ -67,6 +67,10 @@ py::dict opDict(const OpTelemetry& op) {
     sizeMatch["nothing_added"] = c.matchNothingAdded;
     sizeMatch["uncalibrated"] = c.matchUncalibrated;
     size["match"] = sizeMatch;
+    py::dict sizes;  // the calls issued in the class and their bytes: the class's size in a profile (docs/profile.md)
+    sizes["calls"] = c.sizedCalls;
+    sizes["sum_bytes"] = c.bytesSum;
+    size["sizes"] = sizes;
     bySize.append(size);
   }
   d["by_size"] = bySize;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -81,6 +82,19 @@ void DelayProfile::Dist::add(const Dist& o) {
   const auto a = counts(*this);
   const auto b = counts(o);
   std::merge(a.begin(), a.end(), b.begin(), b.end(), std::back_inserter(merged));
+  // The pooled size: the count-weighted mean of the parts' sizes, when every part has one.
+  if (count == 0) {
+    sizeBytes = o.sizeBytes;
+  } else if (sizeBytes >= 0 && o.sizeBytes >= 0) {
+    const double mine = static_cast<double>(sizeBytes);
+    const double theirs = static_cast<double>(o.sizeBytes);
+    const double mean = (mine * static_cast<double>(count) + theirs * static_cast<double>(o.count)) /
+                        (static_cast<double>(count) + static_cast<double>(o.count));
+    sizeBytes = std::clamp(static_cast<int64_t>(std::llround(mean)), std::min(sizeBytes, o.sizeBytes),
+                           std::max(sizeBytes, o.sizeBytes));
+  } else {
+    sizeBytes = -1;
+  }
   minNs = count ? std::min(minNs, o.minNs) : o.minNs;
   maxNs = count ? std::max(maxNs, o.maxNs) : o.maxNs;
   count += o.count;
@@ -131,26 +145,78 @@ void DelayProfile::OpDists::finish() {
       t = {usable[hi - 1], usable[hi], w};
     }
   }
+  finishBySize(usable);
 }
 
-// The class a call draws from: its size class, except that a size just under a power of two (within 1e-3: nccl-tests
-// and frameworks round a count down to whole elements per rank) draws from that power of two's class, as the profile
-// builder snaps such a table row (delaycomm/sources/read.py, row_class_bytes).
-static int drawClassOf(int64_t bytes) {
+namespace {
+
+// Where size class c >= 1 starts on the axis of positions (sizePosition): log2 of its smallest size.
+double classStart2(int c) {
+  return static_cast<double>(c - 1);
+}
+
+}  // namespace
+
+void DelayProfile::OpDists::finishBySize(const std::vector<int>& usable) {
+  points.clear();
+  zeroIndex = -1;
+  bySize = false;
+  for (const int i : usable) {
+    const auto& [c, d] = classes[static_cast<size_t>(i)];
+    if (c == 0) {
+      zeroIndex = i;
+      continue;
+    }
+    Point p{i, classStart2(c), std::nextafter(classStart2(c + 1), -1.0), false};
+    if (d.sizeBytes >= 1) {
+      p.lo2 = p.hi2 = DelayProfile::sizePosition(d.sizeBytes);
+      p.sized = bySize = true;
+    }
+    points.push_back(p);
+  }
+  if (!bySize)
+    return;
+  floor2 = classStart2(classes[static_cast<size_t>(points.front().index)].first);
+  ceil2 = std::nextafter(classStart2(classes[static_cast<size_t>(points.back().index)].first + 1), -1.0);
+  // The log-log slope of the class means between two neighbouring points, clipped to [0, 1]: latency at most
+  // linear in the size (bandwidth-bound), never falling with it.
+  auto slope = [&](const Point& a, const Point& b) {
+    const double ma = classes[static_cast<size_t>(a.index)].second.meanNs();
+    const double mb = classes[static_cast<size_t>(b.index)].second.meanNs();
+    if (!(ma > 0.0 && mb > 0.0 && b.lo2 > a.hi2))
+      return 0.0;
+    return std::clamp(std::log2(mb / ma) / (b.lo2 - a.hi2), 0.0, 1.0);
+  };
+  const size_t n = points.size();
+  slopeLo = n >= 2 ? slope(points[0], points[1]) : 0.0;
+  slopeHi = n >= 2 ? slope(points[n - 2], points[n - 1]) : 0.0;
+}
+
+int64_t DelayProfile::snappedBytes(int64_t bytes) {
   if (bytes > 1) {
     const int up = 64 - __builtin_clzll(static_cast<uint64_t>(bytes - 1));  // 2^up >= bytes
     if (up < 63) {
       const int64_t pow2 = int64_t{1} << up;
       if (pow2 != bytes && (pow2 - bytes) * 1000 <= pow2)
-        return sizeClassOf(pow2);
+        return pow2;
     }
   }
-  return sizeClassOf(bytes);
+  return bytes;
+}
+
+int DelayProfile::drawClassOf(int64_t bytes) {
+  return sizeClassOf(snappedBytes(bytes));
+}
+
+double DelayProfile::sizePosition(int64_t bytes) {
+  return std::log2(static_cast<double>(snappedBytes(bytes)));
 }
 
 double DelayProfile::OpDists::quantileNs(double u, int64_t bytes) const {
   if (bytes < 0 || classes.empty())
     return pooled.quantileNs(u);
+  if (bySize)
+    return quantileBySizeNs(u, bytes);
   const Interp& t = table[static_cast<size_t>(drawClassOf(bytes))];
   const double lo = classes[static_cast<size_t>(t.lo)].second.quantileNs(u);
   if (t.lo == t.hi)
@@ -159,6 +225,36 @@ double DelayProfile::OpDists::quantileNs(double u, int64_t bytes) const {
   if (lo > 0.0 && hi > 0.0)
     return std::exp((1.0 - t.w) * std::log(lo) + t.w * std::log(hi));
   return (1.0 - t.w) * lo + t.w * hi;
+}
+
+double DelayProfile::OpDists::quantileBySizeNs(double u, int64_t bytes) const {
+  if (bytes == 0 && zeroIndex >= 0)
+    return classes[static_cast<size_t>(zeroIndex)].second.quantileNs(u);
+  const double t = bytes > 0 ? sizePosition(bytes) : -std::numeric_limits<double>::infinity();
+  const size_t n = points.size();
+  // The first point that ends at or above t (points increase: each lies in its own class's range).
+  const size_t k = static_cast<size_t>(
+      std::lower_bound(points.begin(), points.end(), t, [](const Point& p, double v) { return p.hi2 < v; }) -
+      points.begin());
+  auto draw = [&](size_t i) { return classes[static_cast<size_t>(points[i].index)].second.quantileNs(u); };
+  if (k < n && points[k].lo2 <= t)
+    return draw(k);  // at a class's size (or on a class without one): that class, exactly
+  if (k == 0) {      // below the first point: scaled down to the bottom of its class, then flat
+    const Point& p = points.front();
+    return p.sized ? draw(0) * std::exp2(slopeLo * (std::max(t, floor2) - p.lo2)) : draw(0);
+  }
+  if (k == n) {  // above the last point: scaled up to the top of its class, then flat
+    const Point& p = points.back();
+    return p.sized ? draw(n - 1) * std::exp2(slopeHi * (std::min(t, ceil2) - p.hi2)) : draw(n - 1);
+  }
+  const Point& a = points[k - 1];
+  const Point& b = points[k];
+  const double w = std::clamp((t - a.hi2) / (b.lo2 - a.hi2), 0.0, 1.0);
+  const double lo = draw(k - 1);
+  const double hi = draw(k);
+  if (lo > 0.0 && hi > 0.0)
+    return std::exp((1.0 - w) * std::log(lo) + w * std::log(hi));
+  return (1.0 - w) * lo + w * hi;
 }
 
 int DelayProfile::familyOf(int op) {
@@ -228,7 +324,7 @@ std::vector<ProfileClassInfo> DelayProfile::classInfo() const {
   for (size_t kind = 0; kind < ops_.size(); ++kind) {
     for (const auto& [c, d] : ops_[kind].classes) {
       out.push_back({static_cast<OpKind>(kind), static_cast<int64_t>(sizeClassBytes(c)), d.count, d.zeros, d.minNs,
-                     d.maxNs, d.count < kMinClassCalls});
+                     d.maxNs, d.count < kMinClassCalls, d.sizeBytes});
     }
   }
   return out;
@@ -271,6 +367,11 @@ DelayProfile::Dist distOf(const ProfileClass& c) {
   }
   if (c.count == 0 || total != c.count)
     badClass(c, "has a count that is not zeros plus the buckets' counts, or none");
+  if (c.sizeBytes != -1 &&
+      (c.bytes == 0 ? c.sizeBytes != 0
+                    : c.sizeBytes < 1 || DelayProfile::drawClassOf(c.sizeBytes) != sizeClassOf(c.bytes)))
+    badClass(c, "has a size (" + std::to_string(c.sizeBytes) + " bytes) the sampler does not read as this class");
+  d.sizeBytes = c.sizeBytes;
   return d;
 }
 
@@ -305,6 +406,8 @@ std::shared_ptr<const DelayProfile> DelayProfile::fromClasses(const std::vector<
       h = fnv(fnv(fnv(fnv(h, static_cast<uint64_t>(c)), d.zeros), bitsOf(d.minNs)), bitsOf(d.maxNs));
       for (size_t b = 0; b < d.buckets.size(); ++b)
         h = fnv(fnv(h, static_cast<uint64_t>(d.buckets[b])), d.cumEnd[b]);
+      if (d.sizeBytes >= 0)  // only when given: a profile without sizes keeps its digest
+        h = fnv(fnv(h, 0x73697a65ull), static_cast<uint64_t>(d.sizeBytes));
     }
   }
   p->digest_ = h;

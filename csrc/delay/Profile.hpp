@@ -23,6 +23,9 @@ struct ProfileClass {
   double maxNs = 0.0;
   std::vector<int> bucketIndex;       // increasing, in [0, LogHistogram::kBuckets)
   std::vector<uint64_t> bucketCount;  // >= 1 each; zeros + their sum = count
+  // The size its latencies were measured at (the schema's optional size_bytes): a size the sampler reads as this
+  // class (DelayProfile::drawClassOf), 0 for the class of 0 bytes; -1 when the profile does not say.
+  int64_t sizeBytes = -1;
 };
 
 // What a profile says about one of its classes (per-class metadata for Python: calls, the range).
@@ -35,6 +38,7 @@ struct ProfileClassInfo {
   double maxNs = 0.0;
   // Fewer than DelayProfile::kMinClassCalls calls: not replayed as a distribution of its own (see there).
   bool rare = false;
+  int64_t sizeBytes = -1;  // ProfileClass::sizeBytes
 };
 
 // A latency profile (delay spec profile:FILE; the schema is docs/profile.md): per op and size class, the latency
@@ -45,8 +49,16 @@ struct ProfileClassInfo {
 // Draws: quantile(u, op, bytes) is the quantile function of the call's (op, size class) distribution, each
 // bucket spread geometrically between its bounds and clipped to the class's min and max. A size class the op
 // lacks interpolates between the op's nearest classes below and above (geometrically in the latency, linearly in
-// the class index, i.e. in log2 of the size); beyond its smallest or largest class, the nearest one is used. Rare
-// classes (kMinClassCalls) count as lacking where the op has a class that is not rare. An
+// the class index, i.e. in log2 of the size); beyond its smallest or largest class, the nearest one is used.
+// Within a class (docs/profile.md, "Replay"): where the op's classes say the size their latencies were measured
+// at (sizeBytes), a call of b bytes draws by its own size, continuous in log2(b) (sizePosition: a size within 0.1%
+// under a power of two counts as that power): a call at a class's size draws that class exactly, one between two
+// classes' sizes interpolates between them as above (linearly in log2 b). Past the op's first or last size, up to
+// the edge of that class, the class is scaled by (b / size)^slope, slope the log-log slope of the means of the two
+// end classes, clipped to [0, 1] (at most linear in the size: a bandwidth-bound class at most doubles up to its
+// top); beyond the edge it stays as at the edge. A class without a size is drawn for every size in its class (a
+// plateau between its neighbours' sizes); class 0 only for 0 bytes; an op none of whose classes has a size draws
+// by class, as above. Rare classes (kMinClassCalls) count as lacking where the op has a class that is not rare. An
 // op the profile lacks draws from the profile's ops of the same kind (familyOf: reductions, gathers, broadcasts,
 // point-to-point) pooled per size class, nearest in size as above, and from every op pooled only when the profile
 // has no op of its kind (or op < 0); fallbackOf says which. bytes < 0 (a draw without a call, e.g. DelayedLoader's)
@@ -68,10 +80,22 @@ class DelayProfile {
     double maxNs = 0.0;
     std::vector<int> buckets;      // bucket indices, increasing
     std::vector<uint64_t> cumEnd;  // zeros + counts up to and including buckets[i]
+    // The size it was measured at (ProfileClass::sizeBytes), or -1; pooled classes: the count-weighted mean of
+    // their parts' sizes when every part has one.
+    int64_t sizeBytes = -1;
     double quantileNs(double u) const;
     double meanNs() const;
     void add(const Dist& other);  // pools other into this (merged histograms)
   };
+
+  // The class a call of `bytes` draws from: its size class, except that a size just under a power of two (within
+  // 1e-3: nccl-tests and frameworks round a count down to whole elements per rank) draws from that power of two's
+  // class, as the profile builder snaps such a table row (delaycomm/sources/read.py, row_class_bytes).
+  static int drawClassOf(int64_t bytes);
+  static int64_t snappedBytes(int64_t bytes);  // the size drawClassOf reads: a power of two where it snaps
+  // Where a size of >= 1 byte lies on the within-class draw's axis: log2 of its snapped size (a rounded size and its
+  // power of two draw alike, as a rounded table row and its power of two are one row).
+  static double sizePosition(int64_t bytes);
 
   double quantile(double u, int op, int64_t bytes) const;  // seconds
   // The kind an op draws with when the profile lacks it: 0 reductions (all-reduce, reduce, reduce-scatter), 1
@@ -103,8 +127,26 @@ class DelayProfile {
       double w = 0.0;  // weight of hi
     };
     std::array<Interp, kSizeClasses> table{};
+    // The draw by size (bySize: some usable class of >= 1 bytes has a size). Each usable class of >= 1 bytes, by
+    // size, is a point (a class with a size: lo2 = hi2 = log2 of it) or a plateau (a class without: its draw
+    // range, [lo2, hi2] in log2 bytes) of the log2-size axis; class 0 draws only for 0 bytes.
+    struct Point {
+      int index = -1;  // into classes
+      double lo2 = 0.0;
+      double hi2 = 0.0;
+      bool sized = false;
+    };
+    bool bySize = false;
+    std::vector<Point> points;
+    int zeroIndex = -1;    // class 0, when usable
+    double floor2 = 0.0;   // log2 of the bottom of the first point's class: extrapolation stops there
+    double ceil2 = 0.0;    // log2 of the top of the last point's class
+    double slopeLo = 0.0;  // d ln(latency) / d ln(size) below the first point, in [0, 1]
+    double slopeHi = 0.0;  // above the last point, in [0, 1]
     void finish();
+    void finishBySize(const std::vector<int>& usable);
     double quantileNs(double u, int64_t bytes) const;
+    double quantileBySizeNs(double u, int64_t bytes) const;
   };
 
   std::array<OpDists, kNumOpKinds> ops_{};

@@ -69,6 +69,12 @@ void OpStats::reset() {
   for (auto& c : matchUncalibratedBySize) {
     c = 0;
   }
+  for (auto& c : sizedCallsBySize) {
+    c = 0;
+  }
+  for (auto& c : bytesSumBySize) {
+    c = 0.0;
+  }
   staleCalls = 0;
   keptFreshCalls = 0;
   latencyNs.reset();

@@ -81,6 +81,16 @@ struct OpStats {
   // The same two per size class of the call (the telemetry's classes).
   std::array<std::atomic<uint64_t>, kSizeClasses> matchNothingAddedBySize{};
   std::array<std::atomic<uint64_t>, kSizeClasses> matchUncalibratedBySize{};
+  // Per size class, the calls issued and the sum of their bytes (their mean size: the class's size_bytes in a
+  // profile, docs/profile.md). A double: no sum of sizes overflows it.
+  std::array<std::atomic<uint64_t>, kSizeClasses> sizedCallsBySize{};
+  std::array<std::atomic<double>, kSizeClasses> bytesSumBySize{};
+  // A call of `bytes` was issued: counted in its size class (two relaxed atomic adds, no lock).
+  void countSize(int64_t bytes) {
+    const auto c = static_cast<size_t>(std::clamp(sizeClassOf(bytes), 0, kSizeClasses - 1));
+    sizedCallsBySize[c].fetch_add(1, std::memory_order_relaxed);
+    bytesSumBySize[c].fetch_add(static_cast<double>(std::max<int64_t>(bytes, 0)), std::memory_order_relaxed);
+  }
   void reset();
 };
 

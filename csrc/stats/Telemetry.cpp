@@ -51,7 +51,9 @@ std::vector<SizeClassTelemetry> bySizeOf(const SizeHistograms& classes, const Op
     }
     out.push_back({sizeClassBytes(c), s.count, summarize(s, kMicrosecondsFromNs), recordOf(s),
                    op.matchNothingAddedBySize[static_cast<size_t>(c)].load(),
-                   op.matchUncalibratedBySize[static_cast<size_t>(c)].load()});
+                   op.matchUncalibratedBySize[static_cast<size_t>(c)].load(),
+                   op.sizedCallsBySize[static_cast<size_t>(c)].load(),
+                   op.bytesSumBySize[static_cast<size_t>(c)].load()});
   }
   return out;
 }

@@ -63,6 +63,9 @@ struct SizeClassTelemetry {
   // reached the target) or before its estimate was calibrated (docs/delay.md, "Match mode").
   uint64_t matchNothingAdded = 0;
   uint64_t matchUncalibrated = 0;
+  // The calls of this class the rank issued (failed ones included) and the sum of their bytes.
+  uint64_t sizedCalls = 0;
+  double bytesSum = 0.0;
 };
 
 // One op of the op table that was called at least once.

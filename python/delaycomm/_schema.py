@@ -19,7 +19,18 @@ import numpy as np
 from delaycomm import _ops
 from delaycomm._readers import FileError, quote, read_json
 
-__all__ = ["VERSION", "FORMAT", "HISTOGRAM_BASE", "MAX_COUNT", "check_profile", "read_profile", "check_stats_group"]
+__all__ = [
+    "VERSION",
+    "FORMAT",
+    "HISTOGRAM_BASE",
+    "MAX_COUNT",
+    "check_profile",
+    "read_profile",
+    "check_stats_group",
+    "draw_class_bytes",
+    "class_size_range",
+    "class_size",
+]
 
 FORMAT = "delaycomm-profile"
 VERSION = 1
@@ -87,6 +98,53 @@ def _whole(v: Any, field: str, lo: float, hi: float, expected: str) -> int:
     return int(v)
 
 
+def draw_class_bytes(nbytes: int) -> int:
+    """The size class (its smallest size) a call of ``nbytes`` draws from, as the sampler reads sizes
+    (csrc/delay/Profile.cpp, drawClassOf): its class, except that a size within 0.1% under a power of two is that
+    power's class (nccl-tests and frameworks round a count down to whole elements per rank)."""
+    if nbytes <= 0:
+        return 0
+    up = 1 << int(nbytes - 1).bit_length()
+    if up != nbytes and (up - nbytes) * 1000 <= up:
+        nbytes = up
+    return 1 << (int(nbytes).bit_length() - 1)
+
+
+def class_size_range(class_bytes: int) -> tuple[int, int]:
+    """The whole sizes ``[lo, hi]`` the sampler reads as the class of ``class_bytes`` (0 or a power of two)."""
+    if class_bytes <= 0:
+        return 0, 0
+    lo = class_bytes if class_bytes < 1000 else -(-999 * class_bytes // 1000)  # ceil(0.999 * 2^(k-1))
+    top = 2 * class_bytes
+    hi = (top if top < 1000 else -(-999 * top // 1000)) - 1
+    return lo, hi
+
+
+def class_size(class_bytes: int, total: float, calls: int | float) -> int:
+    """The ``size_bytes`` of a class whose calls' sizes sum to ``total``: their mean, a whole number of bytes the
+    replay reads as this class (a mean within 0.1% under the next power of two is kept just below that: the replay
+    reads such sizes as the next class, docs/profile.md)."""
+    lo, hi = class_size_range(class_bytes)
+    return min(max(round(total / calls), lo), hi)
+
+
+def _size_bytes(e: dict, f: str, nbytes: int) -> int:
+    """The optional size its latencies were measured at (-1: not given): a whole size the sampler reads as this
+    class (0 for the class of 0 bytes)."""
+    if "size_bytes" not in e:
+        return -1
+    lo, hi = class_size_range(nbytes)
+    expected = (
+        "0 (the class of 0 bytes)"
+        if nbytes == 0
+        else f"a whole number of bytes from {lo} to {hi}: a size the replay reads as the class of {nbytes} bytes"
+    )
+    size = _whole(e["size_bytes"], f"{f}.size_bytes", lo, hi, expected)
+    if draw_class_bytes(size) != nbytes:  # the range is the class's (kept in step with draw_class_bytes)
+        raise _Invalid(f"{f}.size_bytes", f"is {size} (expected {expected})")
+    return size
+
+
 def _nanoseconds(obj: dict, path: str, key: str) -> float:
     v = _need(obj, path, key, float, "a number of nanoseconds >= 0")
     if not v >= 0:
@@ -115,8 +173,8 @@ def _buckets(pairs: list) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def _class(e: Any, f: str, seen: set[int]) -> tuple:
-    """One size class: (bytes, count, zeros, min_ns, max_ns, bucket indices, bucket counts); ``seen``: the size
-    classes of the op so far."""
+    """One size class: (bytes, count, zeros, min_ns, max_ns, bucket indices, bucket counts, size_bytes or -1);
+    ``seen``: the size classes of the op so far."""
     if not isinstance(e, dict):
         raise _Invalid(f, f"is {_type(e)} (expected an object)")
     nbytes = _whole(
@@ -158,7 +216,7 @@ def _class(e: Any, f: str, seen: set[int]) -> tuple:
         idx, counts = np.array(idx_list, dtype=np.int32), np.array(count_list, dtype=np.uint64)
     if total != count:
         raise _Invalid(f"{f}.count", f"is {count} but zeros and buckets hold {total} (expected their sum)")
-    return nbytes, count, zeros, lo, hi, idx, counts
+    return nbytes, count, zeros, lo, hi, idx, counts, _size_bytes(e, f, nbytes)
 
 
 def _profile_classes(doc: Any) -> list[tuple]:
@@ -286,6 +344,28 @@ def _stats_match(m: Any, f: str) -> dict[str, int]:
     }
 
 
+def _stats_sizes(m: Any, f: str, nbytes: int) -> tuple[int, float] | None:
+    """The calls a size class of ``nbytes`` issued and the sum of their bytes (``sizes``; absent in older files:
+    None); their mean must lie in the class (a double's rounding aside)."""
+    if m is None:
+        return None
+    if not isinstance(m, dict):
+        raise _Invalid(f, f"is {_type(m)} (expected an object)")
+    calls = _whole(_need(m, f, "calls", float, "a whole number >= 0"), f"{f}.calls", 0, MAX_COUNT,
+                   "a whole number >= 0")  # fmt: skip
+    total = _need(m, f, "sum_bytes", float, "a number of bytes >= 0")
+    if not (math.isfinite(total) and total >= 0):
+        raise _Invalid(f"{f}.sum_bytes", f"is {_shown(total)} (expected a number of bytes >= 0)")
+    lo, hi = (0, 0) if nbytes == 0 else (nbytes, 2 * nbytes)
+    if calls and not lo * calls * (1 - 1e-9) <= total <= hi * calls * (1 + 1e-9):
+        raise _Invalid(
+            f"{f}.sum_bytes",
+            f"is {_shown(total)} for {calls} call(s) (expected their sizes' sum: {calls} call(s) of the class of "
+            f"{nbytes} bytes sum to {lo * calls} up to {hi * calls})",
+        )
+    return calls, float(total)
+
+
 def _stats_ops(g: dict, f: str) -> dict[str, list[tuple[int, dict[str, Any]]]]:
     ops = _need(g, f, "ops", dict, "an object of op name: its counters")
     out = {}
@@ -310,6 +390,7 @@ def _stats_ops(g: dict, f: str) -> dict[str, list[tuple[int, dict[str, Any]]]]:
                 raise _Invalid(f"{ef}.bytes", f"is {nbytes} (expected 0 or a power of two: a size class)")
             h = _stats_histogram(_need(entry, ef, "histogram", dict, "an object"), f"{ef}.histogram")
             h["match"] = _stats_match(entry.get("match"), f"{ef}.match")
+            h["sizes"] = _stats_sizes(entry.get("sizes"), f"{ef}.sizes", nbytes)
             classes.append((nbytes, h))
         out[op] = classes
     return out

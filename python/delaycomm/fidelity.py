@@ -76,9 +76,10 @@ def compare(profile_path: str, stats: Sequence[str]) -> list[dict[str, Any]]:
                 "profile_calls": mine["count"] if mine else 0,
                 "rare": bool(mine and mine["rare"]),
             }
+            at = cls.get("size_bytes", cls["bytes"])  # the replay's calls' mean size, where its stats say it
             for q, name in QUANTILES:
-                target = spec.quantile(q, op=op, nbytes=cls["bytes"]) * 1e6
-                got = achieved.quantile(q, op=op, nbytes=cls["bytes"]) * 1e6
+                target = spec.quantile(q, op=op, nbytes=at) * 1e6
+                got = achieved.quantile(q, op=op, nbytes=at) * 1e6
                 row[f"target_{name}"] = target
                 row[name] = got
                 row[f"err_{name}"] = got / target - 1.0 if target > 0 else None

@@ -154,15 +154,18 @@ def build(paths: Sequence[str]) -> dict[str, Any]:
         )
     ops = {
         op: [
-            {
-                "bytes": size,
-                "count": h["count"],
-                "zeros": h["zeros"],
-                "min_ns": h["min_ns"],
-                "max_ns": h["max_ns"],
-                "sum_ns": h["sum_ns"],
-                "buckets": [[i, c] for i, c in sorted(h["buckets"].items())],
-            }
+            dict(
+                {
+                    "bytes": size,
+                    "count": h["count"],
+                    "zeros": h["zeros"],
+                    "min_ns": h["min_ns"],
+                    "max_ns": h["max_ns"],
+                    "sum_ns": h["sum_ns"],
+                    "buckets": [[i, c] for i, c in sorted(h["buckets"].items())],
+                },
+                **_size_of(size, h),
+            )
             for size, h in sorted(classes.items())
         ]
         for op, classes in sorted(hists.items())
@@ -191,8 +194,15 @@ def _add(classes: dict[int, dict[str, Any]], nbytes: int, h: dict[str, Any], pat
         return
     acc = classes.setdefault(
         nbytes,
-        {"count": 0, "zeros": 0, "min_ns": h["min_ns"], "max_ns": h["max_ns"], "sum_ns": 0.0, "buckets": Counter()},
-    )
+        {"count": 0, "zeros": 0, "min_ns": h["min_ns"], "max_ns": h["max_ns"], "sum_ns": 0.0, "buckets": Counter(),
+         "size_calls": 0, "size_sum": 0.0, "sized": True},
+    )  # fmt: skip
+    sizes = h.get("sizes")
+    if sizes is None or not sizes[0]:  # an older stats file: the class's calls' sizes are not known
+        acc["sized"] = False
+    else:
+        acc["size_calls"] += sizes[0]
+        acc["size_sum"] += sizes[1]
     acc["count"] += h["count"]
     if acc["count"] > _schema.MAX_COUNT:
         raise ProfileError(
@@ -205,6 +215,13 @@ def _add(classes: dict[int, dict[str, Any]], nbytes: int, h: dict[str, Any], pat
     acc["max_ns"] = max(acc["max_ns"], h["max_ns"])
     for i, c in h["buckets"]:
         acc["buckets"][int(i)] += int(c)
+
+
+def _size_of(class_bytes: int, h: dict[str, Any]) -> dict[str, int]:
+    """``{"size_bytes": ...}`` of a class built from stats files when every file recorded its calls' sizes."""
+    if class_bytes <= 0 or not h["sized"] or not h["size_calls"]:
+        return {}
+    return {"size_bytes": _schema.class_size(class_bytes, h["size_sum"], h["size_calls"])}
 
 
 def _same_file(a: str, b: str) -> bool:
@@ -280,13 +297,15 @@ def write(profile: dict[str, Any], path: str, inputs: Sequence[str] = ()):
 
 def profile_rows(spec) -> list[dict[str, Any]]:
     """One row per (op, size class) of a profile's spec (:func:`load`): op, bytes, calls, rare (fewer than
-    ``DelayProfile.min_class_calls`` calls: replayed from the op's other classes) and the replay's quantiles and
-    max in microseconds."""
+    ``DelayProfile.min_class_calls`` calls: replayed from the op's other classes), ``at`` (the size drawn at: the
+    class's ``size_bytes`` where it has one, else its smallest size) and the replay's quantiles there and max in
+    microseconds."""
     rows = []
     for c in spec.profile.class_info():
-        row: dict[str, Any] = {"op": c["op"], "bytes": c["bytes"], "calls": c["count"], "rare": c["rare"]}
+        at = c["bytes"] if c.get("size_bytes") is None else c["size_bytes"]
+        row: dict[str, Any] = {"op": c["op"], "bytes": c["bytes"], "at": at, "calls": c["count"], "rare": c["rare"]}
         for q, name in QUANTILES:
-            row[name] = spec.quantile(q, op=c["op"], nbytes=c["bytes"]) * 1e6
+            row[name] = spec.quantile(q, op=c["op"], nbytes=at) * 1e6
         row["max"] = c["max_ns"] * 1e-3
         rows.append(row)
     return rows
@@ -359,7 +378,7 @@ def plot(path: str, png: str, loaded: tuple[dict[str, Any], Any] | None = None) 
     for ax, op in zip(axes.flat, ops):
         mine = [r for r in rows if r["op"] == op]
         sizes = [max(r["bytes"], 1) for r in mine]
-        q = {name: [spec.quantile(x, op=op, nbytes=r["bytes"]) * 1e6 for r in mine] for x, name in _BAND}
+        q = {name: [spec.quantile(x, op=op, nbytes=r["at"]) * 1e6 for r in mine] for x, name in _BAND}
         unit, k = _unit(q["p50"])
         scaled = {name: [v * k for v in vs] for name, vs in q.items()}
         if len(sizes) > 1:

@@ -70,8 +70,8 @@ def stats(group=None) -> dict[str, Any]:
     Returns:
         For a group: ``{"ops": {op: {"calls", "bytes", "errors", "delayed_calls", "latency": {"count",
         "p50_us", "p90_us", "p99_us", "p999_us", "max_us", ...}, "delay": {...}, "by_size": [{"bytes", "calls",
-        "latency", "histogram"}, ...]}}, "staleness": {...}, "group", "rank", "world_size", "backends",
-        "versions", "machine"}``; ``by_size`` is the latency the caller experienced per size class, with its
+        "latency", "histogram", "match", "sizes"}, ...]}}, "staleness": {...}, "group", "rank", "world_size",
+        "backends", "versions", "machine"}``; ``by_size`` is the latency the caller experienced per size class, with its
         whole histogram (docs/profile.md). For None: ``{"groups": {group_name: <that dict>}}``.
 
     Raises:

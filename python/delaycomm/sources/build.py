@@ -50,20 +50,32 @@ def _merge_samples(parts: list) -> Pools:
 
 
 def _classes(samples: dict[tuple[str, int], Pools]) -> dict[str, list[dict]]:
+    """Per op, its classes' entries, each with ``size_bytes``: the mean size of the rows or calls it holds, weighed
+    as its histogram weighs them (a table row's 1000 points, a trace's call one; a re-targeted class is keyed by
+    its class size, the size the model predicted it at)."""
     by: dict[str, dict[int, list]] = {}
+    sizes: dict[tuple[str, int], list[float]] = {}  # (op, class) -> [sum of size x points, points]
     for (op, nbytes), x in samples.items():
-        by.setdefault(op, {}).setdefault(size_class_bytes(row_class_bytes(nbytes)), []).extend(
-            x if isinstance(x, list) else [x]
-        )
+        parts = x if isinstance(x, list) else [x]
+        cls = size_class_bytes(row_class_bytes(nbytes))
+        by.setdefault(op, {}).setdefault(cls, []).extend(parts)
+        acc = sizes.setdefault((op, cls), [0.0, 0.0])
+        points = sum(len(p) for p in parts)
+        acc[0] += float(nbytes) * points
+        acc[1] += points
     done: dict[tuple, dict] = {}  # the ops of one collective share their rows' pools: each class added up once
 
-    def entry(cls: int, parts: list) -> dict:
+    def entry(op: str, cls: int, parts: list) -> dict:
         key = (cls, *(id(p) for p in parts))
         if key not in done:
             done[key] = class_entry(cls, parts)
-        return dict(done[key])
+        out = dict(done[key])
+        total, points = sizes[(op, cls)]
+        if cls > 0 and points > 0:
+            out["size_bytes"] = _schema.class_size(cls, total, points)
+        return out
 
-    return {op: [entry(cls, parts) for cls, parts in sorted(classes.items())] for op, classes in sorted(by.items())}
+    return {op: [entry(op, cls, parts) for cls, parts in sorted(classes.items())] for op, classes in sorted(by.items())}
 
 
 def _distance(a: costmodel.Topology, b: costmodel.Topology) -> float:
@@ -403,7 +415,13 @@ def _merge_stats(doc: dict, stats_doc: dict, stats: list[str]) -> dict:
             buckets: dict[int, int] = {}
             for i, n in m["buckets"] + c["buckets"]:
                 buckets[i] = buckets.get(i, 0) + n
+            size = {}  # the sizes' count-weighted mean, when both say theirs
+            if c["bytes"] > 0 and "size_bytes" in m and "size_bytes" in c:
+                total = m["size_bytes"] * m["count"] + c["size_bytes"] * c["count"]
+                size["size_bytes"] = _schema.class_size(c["bytes"], total, m["count"] + c["count"])
+            m.pop("size_bytes", None)
             m.update(
+                size,
                 count=m["count"] + c["count"],
                 zeros=m.get("zeros", 0) + c.get("zeros", 0),
                 min_ns=min(m["min_ns"], c["min_ns"]),
