@@ -54,6 +54,7 @@ def pytest_collection_finish(session):
 SLOWEST_FIRST = (
     "tests/stale/test_acceptance.py",  # 41-64 s
     "tests/backend/test_config.py",  # 44-52 s
+    "tests/experiment/test_experiment_ends.py",  # 31-39 s (2026-12-06, tests/experiment + tests/stale, load 5-8)
     "tests/experiment/test_experiment_multiproc.py",  # 31-33 s
     "tests/bench/test_bench_ranks.py",  # 32-33 s
     "tests/delay/test_timeouts.py",  # 30-31 s

@@ -8,6 +8,7 @@ The groups are created with a 30 s timeout wherever the point is that a wait doe
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import threading
@@ -317,7 +318,9 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.Tanh(), torch.nn.Linear(16, 1)))
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(20):
-    if dist.get_rank() == 1 and step == 5:  # before the backward pass whose first bucket calibrates step_ms=auto
+    # Step 0's bucket is DDP's pre-rebuild bucket, a stream of its own seen once; the rebuilt bucket's 6th call
+    # (its 5th interval), in step 6, calibrates step_ms=auto. Rank 1 dies before it: rank 0 waits in the agreement.
+    if dist.get_rank() == 1 and step == 6:
         os._exit(1)
     loss = model(torch.randn(8, 16)).square().mean()
     opt.zero_grad()
@@ -348,4 +351,11 @@ def test_under_torchrun_a_survivor_of_a_death_in_calibration_raises_and_writes_i
     # and its stats were lost.
     stats = tmp_path / "stats.rank0.json"
     assert stats.is_file(), out[-4000:]
-    assert "staleness" in stats.read_text()
+    written = json.loads(stats.read_text())
+    assert written["rank"] == 0, written["rank"]
+    # The death came where the script means it to: steps 0-5 reduced in Gloo without an error, the 7th reduction
+    # stopped in the agreement, before anything was calibrated (a death in a Gloo all-reduce would be counted in
+    # "errors" and end in Gloo's own "Connection reset/closed by peer").
+    st = written["staleness"]
+    assert (st["steps"], st["step_source"], st["stale"]) == (6, "calibrating", 0), st
+    assert (written["ops"]["allreduce"]["calls"], written["ops"]["allreduce"]["errors"]) == (6, 0), written["ops"]
