@@ -191,13 +191,13 @@ void bindSchedule(py::module_& m) {
       .def(
           "place",
           [](StepPlace& p, int64_t nowNs, double u, const DelaySchedule& s, std::optional<std::string> op,
-             int64_t nbytes, int64_t ownNs) {
+             int64_t nbytes, int64_t ownNs, bool mayJoin) {
             const CallSize at = callSizeArgument(op, nbytes, "_StepPlace.place");
-            const auto placed = p.place(nowNs, u, [&](double v) { return s.drawNs(v, at); }, ownNs);
+            const auto placed = p.place(nowNs, u, [&](double v) { return s.drawNs(v, at); }, ownNs, mayJoin);
             return py::make_tuple(placed.u, placed.ns, placed.joined, placed.behindNs);
           },
           py::arg("now_ns"), py::arg("u"), py::arg("schedule"), py::arg("op") = py::none(), py::arg("nbytes") = -1,
-          py::arg("own_ns") = 0,
+          py::arg("own_ns") = 0, py::arg("may_join") = true,
           "(the draw position the call takes, its target in ns, whether it joined a running run, how long the run "
           "holds it past its own release in ns).")
       .def("running", &StepPlace::running, py::arg("now_ns"))

@@ -162,8 +162,8 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   if (place) {
     // The carrier holds the call back until T - L after its call: the run's calls hold later ones back until then.
     // (The estimate L is this rank's: the carrier of an earlier call, another rank, has one of its own, close to it.)
-    const auto placed =
-        place_->place(nowNs, latest.u, [&](double u) { return schedule_->drawNs(u, at); }, std::max<int64_t>(0, guess));
+    const auto placed = place_->place(
+        nowNs, latest.u, [&](double u) { return schedule_->drawNs(u, at); }, std::max<int64_t>(0, guess), op.asyncOp);
     latest.ns = placed.ns;
     behind = placed.behindNs > 0;
   }

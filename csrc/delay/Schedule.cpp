@@ -227,16 +227,17 @@ int64_t saturatedEnd(int64_t nowNs, int64_t ns) {
 }  // namespace
 
 StepPlace::Placed StepPlace::place(int64_t nowNs, double u, const std::function<int64_t(double)>& targetNs,
-                                   int64_t ownNs) {
+                                   int64_t ownNs, bool mayJoin) {
   std::lock_guard<std::mutex> lock(mutex_);
   Placed out;
-  out.joined = nowNs < releaseNs_;
+  const int64_t own = std::max<int64_t>(0, ownNs);
+  out.joined = mayJoin && nowNs < releaseNs_;
   out.u = out.joined ? u_ : u;
   out.ns = targetNs(out.u);
   if (!out.joined) {
     u_ = u;  // this call opens a run
   }
-  const int64_t release = saturatedEnd(nowNs, out.ns - std::max<int64_t>(0, ownNs));
+  const int64_t release = saturatedEnd(nowNs, out.ns - own);
   releaseNs_ = out.joined ? std::max(releaseNs_, release) : release;
   const int64_t target = saturatedEnd(nowNs, out.ns);
   if (targetNs_ > target) {

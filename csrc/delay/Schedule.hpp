@@ -111,7 +111,12 @@ class DelaySchedule {
 // bench/results/2026-12-07-vm2core-replay-queue/), its place in the step counted a second time.
 //
 // Overlapping calls form a run. A call issued when no earlier call is held back opens one and keeps its own draw u;
-// a call issued while one is joins it and draws at the run's u (the opener's). A draw position is uniform whichever
+// an asynchronous call (async_op=True: DDP's buckets, FSDP's collectives) issued while one is joins it and draws at
+// the run's u (the opener's). A synchronous call opens a run of its own: its caller waits for it, and in a training
+// loop it comes after the caller waited for the calls before it (the metric after DDP's step), where the run's end,
+// an estimate, may still be ahead; joined, it would join a run the more often the longer the run's target, and lean
+// slow (measured: a broadcast after the metric, p90 +209% to +262% in 4 of 6 DDP runs,
+// bench/results/2026-12-07-vm2core-jobpair-place/runs-v1/). A draw position is uniform whichever
 // call's it is, so a joined call's target is still a draw of its own class's distribution, and calls of one class
 // issued back to back get one target each, released in call order: each experiences its own target, not the
 // largest of its step's. A call is held back until its release, call time + target - this machine's own latency
@@ -138,11 +143,12 @@ class StepPlace {
     int64_t behindNs = 0;
   };
   // The call issued at nowNs (ns, steady clock) whose own draw is u; targetNs(u): its target at draw position u;
-  // ownNs: this machine's own latency of the call (>= 0).
-  Placed place(int64_t nowNs, double u, const std::function<int64_t(double)>& targetNs, int64_t ownNs = 0);
+  // ownNs: this machine's own latency of the call (>= 0); mayJoin: false for a synchronous call (see above).
+  Placed place(int64_t nowNs, double u, const std::function<int64_t(double)>& targetNs, int64_t ownNs = 0,
+               bool mayJoin = true);
   // How far an earlier call's target ends past nowNs (0: none): what a call with no delay of its own waits.
   int64_t behindNs(int64_t nowNs) const;
-  // Whether a call issued at nowNs would join the run (a call of the run is still held back).
+  // Whether a call of no own latency issued at nowNs would join the run (a call of the run is still held back).
   bool running(int64_t nowNs) const;
   // When the run's latest release is (ns; INT64_MIN: no call yet).
   int64_t endNs() const;
