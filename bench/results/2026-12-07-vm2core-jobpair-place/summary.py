@@ -53,7 +53,8 @@ def _table(runs: list[tuple[str, dict]]) -> list[str]:
             job = rep["job"]
             step = f"{_pct(rep['mean_step_err'])} ({ms['B-prod']} vs {ms[job]} ms)"
             p50 = f"{_pct(rep['p50_step_err'])} ({rep['p50_step_ms']['B-prod']} vs {rep['p50_step_ms'][job]} ms)"
-            lines.append(f"| {name.rsplit('-', 1)[1]} | {load} | {place} | " + " | ".join(cells) + f" | {step} | {p50} |")
+            run = name.rsplit("-", 1)[1]
+            lines.append(f"| {run} | {load} | {place} | " + " | ".join(cells) + f" | {step} | {p50} |")
     return lines
 
 
