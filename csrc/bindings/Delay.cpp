@@ -183,6 +183,26 @@ void bindSchedule(py::module_& m) {
       .def_property_readonly("active", &DelaySchedule::active)
       .def_static("key_stream", &DelaySchedule::keyStream, py::arg("key"))
       .def_readonly_static("LOADER_STREAM", &DelaySchedule::kLoaderStream);
+
+  // delay_place=step's run of overlapping calls (delay/Schedule.hpp, StepPlace), its targets drawn from a schedule's
+  // distribution as the injector draws them: for the tests of its arithmetic.
+  py::class_<StepPlace>(m, "_StepPlace", "delay_place=step: the run of overlapping calls whose draw a call joins.")
+      .def(py::init<>())
+      .def(
+          "place",
+          [](StepPlace& p, int64_t nowNs, double u, const DelaySchedule& s, std::optional<std::string> op,
+             int64_t nbytes, int64_t ownNs, bool mayJoin) {
+            const CallSize at = callSizeArgument(op, nbytes, "_StepPlace.place");
+            const auto placed = p.place(nowNs, u, [&](double v) { return s.drawNs(v, at); }, ownNs, mayJoin);
+            return py::make_tuple(placed.u, placed.ns, placed.joined, placed.behindNs);
+          },
+          py::arg("now_ns"), py::arg("u"), py::arg("schedule"), py::arg("op") = py::none(), py::arg("nbytes") = -1,
+          py::arg("own_ns") = 0, py::arg("may_join") = true,
+          "(the draw position the call takes, its target in ns, whether it joined a running run, how long the run "
+          "holds it past its own release in ns).")
+      .def("running", &StepPlace::running, py::arg("now_ns"))
+      .def("behind_ns", &StepPlace::behindNs, py::arg("now_ns"))
+      .def_property_readonly("end_ns", &StepPlace::endNs);
 }
 
 py::dict fitDict(const FitResult& r) {

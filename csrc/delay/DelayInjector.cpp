@@ -55,6 +55,9 @@ DelayInjector::DelayInjector(int rank, Options options, bool issuesCpuOps, std::
     if (options_.mode != DelayMode::kAdd) {
       local_ = std::make_shared<LocalLatency>();
       stats_->setOwnLatencySink(local_);  // the works record what their callers experience into it
+      if (options_.place_step) {
+        place_ = std::make_unique<StepPlace>();
+      }
     }
     if (issuesCpuOps && options_.where == DelayWhere::kNetwork && schedule_->targets(rank)) {
       issuer_ = std::make_unique<IssuerThread>("dc-issue-" + options_.groupName);
@@ -134,31 +137,47 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
   }
   noteFallback(op.kind);
   const CallSize at{static_cast<int>(op.kind), op.bytes};
-  const auto latest =
-      schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, pointToPoint(op.kind) ? rank_ : -1, at);
+  const bool p2p = pointToPoint(op.kind);
+  auto latest = schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, p2p ? rank_ : -1, at);
+  // delay_place=step: every rank places every collective in its run (delay/Schedule.hpp, StepPlace), the carrier
+  // to draw its target there, the others to know the run as the carrier of a later call will.
+  const StepPlace* place = p2p ? nullptr : place_.get();
+  const int64_t nowNs = place ? injectorNowNs() : 0;
   if (latest.rank < 0) {
-    *observe = untimed ? -1 : 0;  // no rank is late: what the caller sees is this machine's own latency
+    // No rank is late: what the caller sees is this machine's own latency, unless an earlier call's target still
+    // runs (then it would count its wait for that call as its own latency).
+    *observe = untimed || (place && place->behindNs(nowNs) > 0) ? -1 : 0;
     return 0;
-  }
-  if (latest.rank != rank_) {
-    return 0;  // another rank carries the call: this one waits for it in the op (not observed: it holds a delay)
   }
   // The machine's own latency X of this call is independent of the draw, so the call takes X + (T - L): with L
   // X's mean, the call's mean is the target's, and the tail is the target's shifted by X's spread about its mean,
   // where L at T's own quantile made the tail short by X's spread above its typical value (docs/delay.md, "Why
   // the mean").
-  const int64_t own = untimed ? -1 : local_->at(op.kind, sizeClassOf(op.bytes)).meanNs();
+  const int cls = sizeClassOf(op.bytes);
+  const int64_t own = untimed ? -1 : local_->at(op.kind, cls).meanNs();
   // Before calibration a low provisional estimate (LocalLatency::provisionalNs) keeps the call from running long
   // by this machine's whole latency.
-  const int64_t guess = own >= 0 || untimed ? own : local_->provisionalNs(op.kind, sizeClassOf(op.bytes));
+  const int64_t guess = own >= 0 || untimed ? own : local_->provisionalNs(op.kind, cls);
+  bool behind = false;
+  if (place) {
+    // The carrier holds the call back until T - L after its call: the run's calls hold later ones back until then.
+    // (The estimate L is this rank's: the carrier of an earlier call, another rank, has one of its own, close to it.)
+    const auto placed = place_->place(
+        nowNs, latest.u, [&](double u) { return schedule_->drawNs(u, at); }, std::max<int64_t>(0, guess), op.asyncOp);
+    latest.ns = placed.ns;
+    behind = placed.behindNs > 0;
+  }
+  if (latest.rank != rank_) {
+    return 0;  // another rank carries the call: this one waits for it in the op (not observed: it holds a delay)
+  }
   const int64_t added = std::max<int64_t>(0, latest.ns - std::max<int64_t>(0, guess));
-  // Every peer already waits in the op when this rank issues it: the rest is this machine's own latency.
-  *observe = untimed ? -1 : added;
+  // Every peer already waits in the op when this rank issues it: the rest is this machine's own latency. Not so
+  // for a call behind an earlier call whose target, on any rank, ends after its own: it waits for that one.
+  *observe = untimed || behind ? -1 : added;
   auto& s = stats_->op(op.kind);
   s.delayedCalls.fetch_add(1, std::memory_order_relaxed);
   s.delayNs.record(static_cast<double>(added));
   s.matchCalls.fetch_add(1, std::memory_order_relaxed);
-  const int cls = sizeClassOf(op.bytes);
   if (own < 0) {
     s.matchUncalibrated.fetch_add(1, std::memory_order_relaxed);
     s.matchUncalibratedBySize[static_cast<size_t>(cls)].fetch_add(1, std::memory_order_relaxed);

@@ -149,6 +149,9 @@ class DelayInjector {
   // delay_mode=match: this machine's own latency per (op, size class); shared with the group's stats, through
   // which the works feed it (GroupStats::recordCall). Null under delay_mode=add.
   std::shared_ptr<LocalLatency> local_;
+  // delay_mode=match, delay_place=step: the run of overlapping calls whose draw a call joins (delay/Schedule.hpp);
+  // null otherwise.
+  std::unique_ptr<StepPlace> place_;
   std::array<bool, kNumOpKinds> delayOp_{};
   std::unique_ptr<IssuerThread> issuer_;   // CPU network delay only
   HostSleeper hostSleeper_;                // host delay and slowdown; closed by close() and abort()

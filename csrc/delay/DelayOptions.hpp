@@ -26,15 +26,16 @@ enum class DelayMode { kAdd, kMatch, kMatchCpu };
 // The fields that Python sets, one row each: (type, name, default, what it is). The row is the field and its
 // binding (bindings/Backend.cpp binds every row by its name), so a new option is one row here, one row of
 // delaycomm._config.OPTIONS and its use in the injector (docs/core.md, "Options").
-#define DELAYCOMM_DELAY_OPTION_FIELDS(X)                                                                       \
-  X(double, fraction, 0.0, "per-call probability that a targeted rank's call is delayed, in [0, 1]")           \
-  X(std::vector<int64_t>, ranks, {}, "the delayed ranks (group ranks), sorted; empty: all")                    \
-  X(std::vector<OpKind>, ops, {}, "the delayed ops (delayable ones, ops/OpTable.hpp); empty: every one")       \
-  X(DelayWhere, where, DelayWhere::kNetwork, "host: the caller blocks; network: the op is held back")          \
-  X(DelayMode, mode, DelayMode::kAdd, "match: only what the call needs on top of this machine's own latency")  \
-  X(double, burst, 0.0, "mean burst length in calls (delay/Schedule.hpp); 0: calls delayed independently")     \
-  X(bool, one_carrier, false, "delay_carrier=one: one targeted rank per call, from the schedule, may be late") \
-  X(uint64_t, seed, 0, "the schedule's seed (mixed with the members for a group of some ranks)")               \
+#define DELAYCOMM_DELAY_OPTION_FIELDS(X)                                                                          \
+  X(double, fraction, 0.0, "per-call probability that a targeted rank's call is delayed, in [0, 1]")              \
+  X(std::vector<int64_t>, ranks, {}, "the delayed ranks (group ranks), sorted; empty: all")                       \
+  X(std::vector<OpKind>, ops, {}, "the delayed ops (delayable ones, ops/OpTable.hpp); empty: every one")          \
+  X(DelayWhere, where, DelayWhere::kNetwork, "host: the caller blocks; network: the op is held back")             \
+  X(DelayMode, mode, DelayMode::kAdd, "match: only what the call needs on top of this machine's own latency")     \
+  X(double, burst, 0.0, "mean burst length in calls (delay/Schedule.hpp); 0: calls delayed independently")        \
+  X(bool, one_carrier, false, "delay_carrier=one: one targeted rank per call, from the schedule, may be late")    \
+  X(bool, place_step, false, "delay_place=step: overlapping calls draw at their run's draw (delay/Schedule.hpp)") \
+  X(uint64_t, seed, 0, "the schedule's seed (mixed with the members for a group of some ranks)")                  \
   X(double, slowdown, 1.0, "this rank's compute slowdown factor K (>= 1; 1: none)")
 
 struct DelayOptions {

@@ -65,14 +65,35 @@ int64_t LatencyEstimate::meanOf(uint64_t minSamples) const {
   if (total_.load(std::memory_order_relaxed) < std::max<uint64_t>(minSamples, 1)) {
     return -1;
   }
+  std::array<double, kBuckets> counts;
   double n = 0.0;
+  for (int b = 0; b < kBuckets; ++b) {
+    counts[static_cast<size_t>(b)] =
+        static_cast<double>(buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed));
+    n += counts[static_cast<size_t>(b)];
+  }
+  if (n <= 0.0) {
+    return -1;
+  }
+  // The median's bucket, then every observation counted at most kOutlierCap x the median: a call that waited for a
+  // late peer (ranks starting their loops apart, a rank descheduled) or paid a first use (Gloo's buffers of a new
+  // size) is not this machine's own latency, and one of them among 16 observations moved the mean by its whole
+  // size / 16 (measured: bench/results/2026-12-07-vm2core-replay-queue/, README).
+  double seen = 0.0;
+  int medianBucket = 0;
+  for (int b = 0; b < kBuckets; ++b) {
+    seen += counts[static_cast<size_t>(b)];
+    if (seen >= 0.5 * n) {
+      medianBucket = b;
+      break;
+    }
+  }
+  const double cap = kOutlierCap * kMinNs * std::exp((medianBucket + 0.5) * kLogBase);
   double sum = 0.0;
   for (int b = 0; b < kBuckets; ++b) {
-    const double c = static_cast<double>(buckets_[static_cast<size_t>(b)].load(std::memory_order_relaxed));
-    n += c;
-    sum += c * kMinNs * std::exp((b + 0.5) * kLogBase);
+    sum += counts[static_cast<size_t>(b)] * std::min(cap, kMinNs * std::exp((b + 0.5) * kLogBase));
   }
-  return n > 0.0 ? static_cast<int64_t>(sum / n) : -1;
+  return static_cast<int64_t>(sum / n);
 }
 
 LocalLatency::~LocalLatency() {

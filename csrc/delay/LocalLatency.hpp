@@ -34,7 +34,11 @@ class LatencyEstimate {
   void record(int64_t ns);
   // The q-quantile in ns of the weighted observations, or -1 while fewer than kMinSamples were recorded.
   int64_t quantileNs(double q) const;
-  // The weighted mean in ns (each bucket at its geometric middle), or -1 while fewer than kMinSamples were recorded.
+  // An observation counts in the mean as at most this many times the median (meanNs()).
+  static constexpr double kOutlierCap = 4.0;
+
+  // The weighted mean in ns (each bucket at its geometric middle, at most kOutlierCap x the median's), or -1 while
+  // fewer than kMinSamples were recorded.
   int64_t meanNs() const { return meanOf(kMinSamples); }
   // The smallest observation in ns (its bucket's lower edge; -1 with none): the provisional estimate before
   // calibration, low on purpose (a first call's set-up or queueing must not cancel the delays of the next ones).

@@ -209,10 +209,57 @@ DelaySchedule::Latest DelaySchedule::latest(uint64_t stream, uint64_t seq, int64
   if (out.rank < 0)
     return out;
   out.ns = quantileNs(best, at);
+  out.u = best;
   // P(largest delay <= x) = prod over the m ranks of P(d_r <= x) = ((1 - f) + f G(x))^m, and G(x) = u at the
   // largest delay x = G^-1(u); exact also within an atom of G (const) since the draws order the tie.
   out.quantile = std::pow((1.0 - fraction_) + fraction_ * best, static_cast<double>(m));
   return out;
+}
+
+namespace {
+
+// nowNs + ns, saturated: a delay of "never" stays in the future instead of wrapping into the past.
+int64_t saturatedEnd(int64_t nowNs, int64_t ns) {
+  ns = std::max<int64_t>(0, ns);
+  return ns > std::numeric_limits<int64_t>::max() - nowNs ? std::numeric_limits<int64_t>::max() : nowNs + ns;
+}
+
+}  // namespace
+
+StepPlace::Placed StepPlace::place(int64_t nowNs, double u, const std::function<int64_t(double)>& targetNs,
+                                   int64_t ownNs, bool mayJoin) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  Placed out;
+  const int64_t own = std::max<int64_t>(0, ownNs);
+  out.joined = mayJoin && nowNs < releaseNs_;
+  out.u = out.joined ? u_ : u;
+  out.ns = targetNs(out.u);
+  if (!out.joined) {
+    u_ = u;  // this call opens a run
+  }
+  const int64_t release = saturatedEnd(nowNs, out.ns - own);
+  releaseNs_ = out.joined ? std::max(releaseNs_, release) : release;
+  const int64_t target = saturatedEnd(nowNs, out.ns);
+  if (targetNs_ > target) {
+    out.behindNs = targetNs_ - target;
+  }
+  targetNs_ = std::max(targetNs_, target);
+  return out;
+}
+
+int64_t StepPlace::behindNs(int64_t nowNs) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return targetNs_ > nowNs ? targetNs_ - nowNs : 0;
+}
+
+bool StepPlace::running(int64_t nowNs) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return nowNs < releaseNs_;
+}
+
+int64_t StepPlace::endNs() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return releaseNs_;
 }
 
 }  // namespace delaycomm

@@ -1,7 +1,10 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "delay/Sampler.hpp"
@@ -64,8 +67,12 @@ class DelaySchedule {
     int64_t rank = -1;      // -1: no rank is delayed on this call
     int64_t ns = 0;         // its delay (the schedule's), = delayNs(rank, stream, seq)
     double quantile = 0.0;  // in (0, 1)
+    double u = 0.0;         // its draw: ns = drawNs(u, at) (StepPlace couples the draws of overlapping calls)
   };
   Latest latest(uint64_t stream, uint64_t seq, int64_t size, int64_t onlyRank = -1, CallSize at = {}) const;
+
+  // The delay at draw position u in (0, 1) of a call `at`: the distribution's quantile, in ns (saturated).
+  int64_t drawNs(double u, CallSize at = {}) const { return quantileNs(u, at); }
 
   bool targets(int64_t rank) const;
   bool active() const { return fraction_ > 0.0 && !sampler_.isNone(); }
@@ -94,6 +101,63 @@ class DelaySchedule {
   double refresh_ = 1.0;        // the chain's per-step refresh probability lambda = 1 / (burst (1 - fraction))
   double logStay_ = 0.0;        // ln(1 - lambda)
   uint64_t block_ = 1;          // the block length of the refresh search, ~1 / lambda
+};
+
+// delay_mode=match's place in the step (delay_place=step; docs/delay.md, "Replay into another job"). A profile's
+// latency of a class is what A's calls of the class experienced, their wait behind the calls issued ahead of them
+// in A's step included. A group's calls complete in call order (the issuer thread, then the inner backend), so in a
+// replay a call issued while an earlier call is held back cannot complete before it: with a draw of its own per
+// call, a call issued behind others experiences the largest of its step's targets, not its own (measured:
+// bench/results/2026-12-07-vm2core-replay-queue/), its place in the step counted a second time.
+//
+// Overlapping calls form a run. A call issued when no earlier call is held back opens one and keeps its own draw u;
+// an asynchronous call (async_op=True: DDP's buckets, FSDP's collectives) issued while one is joins it and draws at
+// the run's u (the opener's). A synchronous call opens a run of its own: its caller waits for it, and in a training
+// loop it comes after the caller waited for the calls before it (the metric after DDP's step), where the run's end,
+// an estimate, may still be ahead; joined, it would join a run the more often the longer the run's target, and lean
+// slow (measured: a broadcast after the metric, p90 +209% to +262% in 4 of 6 DDP runs,
+// bench/results/2026-12-07-vm2core-jobpair-place/runs-v1/). A draw position is uniform whichever
+// call's it is, so a joined call's target is still a draw of its own class's distribution, and calls of one class
+// issued back to back get one target each, released in call order: each experiences its own target, not the
+// largest of its step's. A call is held back until its release, call time + target - this machine's own latency
+// (which match mode does not inject); the run lasts to the latest release of its calls, so that a call issued once
+// the caller saw the last one complete (the next step's) opens a run of its own.
+//
+// What measures this machine's own latency: a call whose own target ends no earlier than every earlier call's
+// (behindNs = 0). The test reads targets only, not the estimate of the own latency that the run's end uses, so
+// that a wrong estimate cannot feed itself (an estimate too high would end every run at once, leave each call its
+// own draw, and count a fast call's wait behind a slow one as its own latency).
+//
+// The draws stay a pure function of (seed, rank, stream, seq); which of them a call takes (its own or its run's)
+// depends on when it was called, as this machine's own latency does, and only on the carrier's side: every rank
+// still computes the same carrier for every call.
+// Threads: every method from any thread (one lock).
+class StepPlace {
+ public:
+  struct Placed {
+    double u = 0.0;       // the draw position the call takes
+    int64_t ns = 0;       // its target: targetNs(u)
+    bool joined = false;  // issued while a call of the run was held back: u is the run's
+    // How far an earlier call's target ends past this call's (0: not at all): such a call waits for it in the op,
+    // so it does not measure this machine's own latency.
+    int64_t behindNs = 0;
+  };
+  // The call issued at nowNs (ns, steady clock) whose own draw is u; targetNs(u): its target at draw position u;
+  // ownNs: this machine's own latency of the call (>= 0); mayJoin: false for a synchronous call (see above).
+  Placed place(int64_t nowNs, double u, const std::function<int64_t(double)>& targetNs, int64_t ownNs = 0,
+               bool mayJoin = true);
+  // How far an earlier call's target ends past nowNs (0: none): what a call with no delay of its own waits.
+  int64_t behindNs(int64_t nowNs) const;
+  // Whether a call of no own latency issued at nowNs would join the run (a call of the run is still held back).
+  bool running(int64_t nowNs) const;
+  // When the run's latest release is (ns; INT64_MIN: no call yet).
+  int64_t endNs() const;
+
+ private:
+  mutable std::mutex mutex_;
+  int64_t releaseNs_ = std::numeric_limits<int64_t>::min();  // the run's latest release
+  int64_t targetNs_ = std::numeric_limits<int64_t>::min();   // every call's latest target end
+  double u_ = 0.0;
 };
 
 }  // namespace delaycomm

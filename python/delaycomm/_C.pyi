@@ -239,6 +239,23 @@ class DelaySchedule:
     @staticmethod
     def key_stream(key: int) -> int: ...
 
+class _StepPlace:
+    def __init__(self) -> None: ...
+    def place(
+        self,
+        now_ns: int,
+        u: float,
+        schedule: DelaySchedule,
+        op: str | None = None,
+        nbytes: int = -1,
+        own_ns: int = 0,
+        may_join: bool = True,
+    ) -> tuple[float, int, bool, int]: ...
+    def running(self, now_ns: int) -> bool: ...
+    def behind_ns(self, now_ns: int) -> int: ...
+    @property
+    def end_ns(self) -> int: ...
+
 # ---- telemetry and kernels (tests and benchmarks) ------------------------------------------------------------------
 
 def _match_call(mode: DelayMode, op: OpKind, cuda: bool) -> str: ...

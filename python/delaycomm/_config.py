@@ -649,6 +649,15 @@ OPTIONS: tuple[Option, ...] = (
         native=Native("one_carrier", lambda v, g: v["delay_carrier"] == "one"),
     ),
     Option(
+        "delay_place",
+        _parse_choice("step", "call"),
+        "step",
+        "under delay_mode=match: step: a call issued while an earlier call's target is still running draws at that "
+        "call's draw, so that it experiences its own target and not the largest of its step's (docs/delay.md, "
+        '"Replay into another job"); call: every call its own draw',
+        native=Native("place_step", lambda v, g: v["delay_place"] == "step"),
+    ),
+    Option(
         "delay_burst",
         _parse_delay_burst,
         "none",
