@@ -91,6 +91,15 @@ void bindProfile(py::module_& m) {
           },
           py::arg("q"), py::arg("op") = py::none(), py::arg("nbytes") = -1)
       .def(
+          "kind_fallback_of",
+          [](const DelayProfile& p, const std::string& op, int64_t nbytes) {
+            const CallSize at = callSizeArgument(op, nbytes, "DelayProfile.kind_fallback_of");
+            return p.kindFallbackOf(at.op, at.bytes);
+          },
+          py::arg("op"), py::arg("nbytes"),
+          "For an op the profile has: what a call of nbytes draws from when its size is far from the op's classes "
+          "and the op's kind has a nearer class (docs/delay.md, \"Replay into another job\"); \"\" otherwise.")
+      .def(
           "class_info",
           [](const DelayProfile& p) {
             py::list out;

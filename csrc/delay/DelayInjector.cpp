@@ -107,11 +107,25 @@ void DelayInjector::noteFallback(OpKind op) const {
                 " (docs/delay.md, \"Replay into another job\"); warned once per op"));
 }
 
+void DelayInjector::noteKindFallback(OpKind op, int64_t bytes) const {
+  if (kindFallbackWarned_[static_cast<size_t>(op)].load(std::memory_order_relaxed))
+    return;
+  const auto& profile = schedule_->sampler().distribution().profile();
+  if (!profile || !profile->drawsFromKind(static_cast<int>(op), bytes) ||
+      kindFallbackWarned_[static_cast<size_t>(op)].exchange(true, std::memory_order_relaxed)) {
+    return;
+  }
+  warn(c10::str("delaycomm: the delay profile has no ", opName(op), " near ", bytes, " bytes: such calls draw from ",
+                profile->kindFallbackOf(static_cast<int>(op), bytes),
+                " (docs/delay.md, \"Replay into another job\"); warned once per op"));
+}
+
 int64_t DelayInjector::delayNsFor(OpKind op, uint64_t seq, int64_t bytes) const {
   if (!schedule_ || !delayOp_[static_cast<int>(op)]) {
     return 0;
   }
   noteFallback(op);
+  noteKindFallback(op, bytes);
   return schedule_->delayNs(rank_, static_cast<uint64_t>(op), seq, CallSize{static_cast<int>(op), bytes},
                             /*ownDraw=*/pointToPoint(op));
 }
@@ -136,6 +150,7 @@ int64_t DelayInjector::matchDelayNs(const Op& op, int64_t* observe, bool untimed
     return 0;
   }
   noteFallback(op.kind);
+  noteKindFallback(op.kind, op.bytes);
   const CallSize at{static_cast<int>(op.kind), op.bytes};
   const bool p2p = pointToPoint(op.kind);
   auto latest = schedule_->latest(static_cast<uint64_t>(op.kind), op.at(), options_.size, p2p ? rank_ : -1, at);

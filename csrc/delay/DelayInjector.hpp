@@ -141,6 +141,8 @@ class DelayInjector {
   // The rank whose delay holds the call back longest (every rank computes the same); -1: none.
   int64_t carrierOf(const Op& op) const;
   void noteFallback(OpKind op) const;  // profile:FILE: warns once that an op the profile lacks draws from others
+  // profile:FILE: warns once per op that a call of a size far from the op's classes draws from its kind's.
+  void noteKindFallback(OpKind op, int64_t bytes) const;
 
   const int rank_;
   const Options options_;
@@ -163,6 +165,7 @@ class DelayInjector {
   // profile:FILE: what an op the profile lacks draws from (DelayProfile::fallbackOf), warned once per op.
   std::array<std::string, kNumOpKinds> fallbackNote_{};
   mutable std::array<std::atomic<bool>, kNumOpKinds> fallbackWarned_{};
+  mutable std::array<std::atomic<bool>, kNumOpKinds> kindFallbackWarned_{};
   std::atomic<int64_t> timeoutMs_;  // timeout(); options_.timeout until setTimeout()
   bool engaged_ = false;
 };

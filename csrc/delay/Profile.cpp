@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -300,10 +301,48 @@ std::string DelayProfile::fallbackOf(int op) const {
   return "the profile's ops of the same kind (" + names + "), nearest in size";
 }
 
+bool DelayProfile::OpDists::covers(int c) const {
+  const Interp& t = table[static_cast<size_t>(c)];
+  return !classes.empty() && (t.lo != t.hi || classes[static_cast<size_t>(t.lo)].first == c);
+}
+
+int DelayProfile::OpDists::nearest(int c) const {
+  // The classes the draws use (table: the full classes, or every class where none is full).
+  int best = kSizeClasses;
+  for (const Interp& t : table) {
+    for (const int i : {t.lo, t.hi}) {
+      if (i >= 0)
+        best = std::min(best, std::abs(classes[static_cast<size_t>(i)].first - c));
+    }
+  }
+  return best;
+}
+
+bool DelayProfile::drawsFromKind(int op, int64_t bytes) const {
+  return op >= 0 && op < kNumOpKinds && bytes > 0 &&
+         byKind_[static_cast<size_t>(op)][static_cast<size_t>(drawClassOf(bytes))];
+}
+
+std::string DelayProfile::kindFallbackOf(int op, int64_t bytes) const {
+  if (!drawsFromKind(op, bytes))
+    return "";
+  const int fam = familyOf(op);
+  std::string names;
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    if (present_[static_cast<size_t>(k)] && familyOf(k) == fam && k != op)
+      names += std::string(names.empty() ? "" : ", ") + opName(static_cast<OpKind>(k));
+  }
+  const int own = ops_[static_cast<size_t>(op)].nearest(drawClassOf(bytes));
+  return "the profile's ops of the same kind (" + names + "), nearer in size: the profile's own " +
+         opName(static_cast<OpKind>(op)) + " classes are " + std::to_string(own) + " size classes away";
+}
+
 double DelayProfile::quantile(double u, int op, int64_t bytes) const {
   const bool known = op >= 0 && op < kNumOpKinds && present_[static_cast<size_t>(op)];
   if (op < 0 && bytes < 0)
     return all_.quantileNs(u) * 1e-9;
+  if (known && drawsFromKind(op, bytes))
+    return families_[static_cast<size_t>(familyOf(op))].quantileNs(u, bytes) * 1e-9;
   if (known)
     return ops_[static_cast<size_t>(op)].quantileNs(u, bytes) * 1e-9;
   if (op >= 0 && op < kNumOpKinds && familyPresent_[static_cast<size_t>(familyOf(op))])
@@ -444,6 +483,19 @@ std::shared_ptr<const DelayProfile> DelayProfile::fromClasses(const std::vector<
     p->familyPresent_[static_cast<size_t>(fam)] = !f.classes.empty();
     if (!f.classes.empty())
       f.finish();
+  }
+  // A size beyond an op's classes, more than one class from the nearest, draws from its kind where that is nearer.
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    if (!p->present_[static_cast<size_t>(k)])
+      continue;
+    const OpDists& own = p->ops_[static_cast<size_t>(k)];
+    const OpDists& kind = p->families_[static_cast<size_t>(familyOf(k))];
+    for (int c = 1; c < kSizeClasses; ++c) {
+      if (own.covers(c))
+        continue;
+      const int mine = own.nearest(c);
+      p->byKind_[static_cast<size_t>(k)][static_cast<size_t>(c)] = mine > 1 && kind.nearest(c) < mine;
+    }
   }
   return p;
 }

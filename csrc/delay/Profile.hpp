@@ -104,6 +104,12 @@ class DelayProfile {
   static int familyOf(int op);
   // For an op the profile lacks, what its calls draw from ("" when the profile has the op).
   std::string fallbackOf(int op) const;
+  // For an op the profile has, whether a call of `bytes` draws from the op's kind instead: its size lies beyond
+  // the op's classes, more than one size class from the nearest, and the profile's ops of the same kind (pooled)
+  // have a class strictly nearer (a 1 MiB all-reduce of a profile whose all-reduces are a 4 B metric and whose
+  // reduce-scatters are 512 KiB draws the reduce-scatters'). What such calls draw from ("" when they do not).
+  bool drawsFromKind(int op, int64_t bytes) const;
+  std::string kindFallbackOf(int op, int64_t bytes) const;
   double mean() const;  // seconds, of every call pooled
   uint64_t digest() const { return digest_; }
   uint64_t calls() const { return all_.count; }
@@ -147,6 +153,8 @@ class DelayProfile {
     void finishBySize(const std::vector<int>& usable);
     double quantileNs(double u, int64_t bytes) const;
     double quantileBySizeNs(double u, int64_t bytes) const;
+    bool covers(int c) const;  // c is one of the classes the draws use, or between two of them
+    int nearest(int c) const;  // size classes from c to the nearest class the draws use
   };
 
   std::array<OpDists, kNumOpKinds> ops_{};
@@ -154,6 +162,7 @@ class DelayProfile {
   OpDists pooledOps_;  // every op pooled per size class (the fallback of an op whose kind the profile lacks)
   std::array<OpDists, kFamilies> families_{};  // the ops of each kind pooled per size class
   std::array<bool, kFamilies> familyPresent_{};
+  std::array<std::array<bool, kSizeClasses>, kNumOpKinds> byKind_{};  // drawsFromKind per (op, size class)
   Dist all_;
   uint64_t digest_ = 0;
 };

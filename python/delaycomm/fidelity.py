@@ -62,6 +62,7 @@ def compare(profile_path: str, stats: Sequence[str]) -> list[dict[str, Any]]:
     """
     _, spec = profile.load(profile_path)
     known = {(c["op"], c["bytes"]): c for c in spec.profile.class_info()}
+    present = {c["op"] for c in spec.profile.class_info()}
     replay = profile.build(list(stats))
     counts = _match_counts(stats)
     rows = []
@@ -75,6 +76,7 @@ def compare(profile_path: str, stats: Sequence[str]) -> list[dict[str, Any]]:
                 "calls": cls["count"],
                 "profile_calls": mine["count"] if mine else 0,
                 "rare": bool(mine and mine["rare"]),
+                "kind_fallback": spec.profile.kind_fallback_of(op, cls["bytes"]) if op in present else "",
             }
             at = cls.get("size_bytes", cls["bytes"])  # the replay's calls' mean size, where its stats say it
             for q, name in QUANTILES:
@@ -89,6 +91,8 @@ def compare(profile_path: str, stats: Sequence[str]) -> list[dict[str, Any]]:
 
 
 def _note(r: dict[str, Any]) -> str:
+    if r.get("kind_fallback"):
+        return "drawn from " + r["kind_fallback"].split(":")[0]
     if not r["profile_calls"]:
         return "not in the profile (interpolated)"
     if r["rare"]:
