@@ -254,7 +254,19 @@ def _member_death_ranks(rank, world, seed):
         "calibration": _in_thread(calibrate),
         "gate": _in_thread(lambda: delaycomm.stale_allreduce(g, key=0, group=gate)),
     }
-    return {name: _after_death(_ended(*wait, 0.0)) for name, wait in waits.items()}
+    out = {name: _after_death(_ended(*wait, 0.0)) for name, wait in waits.items()}
+    _survivors_done(rank, (0, 1))  # rank 0 leaving first would be a second death in rank 1's verdict
+    return out
+
+
+def _survivors_done(rank: int, ranks: tuple[int, ...], timeout_s: float = 30.0) -> None:
+    """Each of ``ranks`` says its waits ended (a file beside DEATH_FILE) and waits, bounded, for the others'."""
+    base = os.environ["DEATH_FILE"]
+    with open(f"{base}.done{rank}", "w"):
+        pass
+    deadline = time.monotonic() + timeout_s
+    while not all(os.path.exists(f"{base}.done{r}") for r in ranks) and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
