@@ -31,6 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
 from delaycomm import costmodel  # noqa: E402  (the installed package: scripts/setup.sh builds it into .venv)
+from delaycomm._tools.units import format_size  # noqa: E402
 from delaycomm.costmodel import nccl  # noqa: E402
 from delaycomm.sources import build  # noqa: E402
 
@@ -174,13 +175,6 @@ def _pct(v) -> str:
     return "-" if v is None else f"{100 * v:.1f}%"
 
 
-def _size(b: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if b >= 1 << shift:
-            return f"{b >> shift} {unit}"
-    return f"{b} B"
-
-
 def markdown(rec: dict) -> str:
     cols = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "sendrecv")
     lines = [
@@ -226,7 +220,7 @@ def markdown(rec: dict) -> str:
         lines += [f"### {scale}", "", "| size | " + " | ".join(by) + " |", "|---|" + "---|" * len(by)]
         for s in sizes:
             lines.append(
-                f"| {_size(int(s))} | " + " | ".join(f"{v[s][0]}/{v[s][1]} {v[s][2]}" for v in by.values()) + " |"
+                f"| {format_size(int(s))} | " + " | ".join(f"{v[s][0]}/{v[s][1]} {v[s][2]}" for v in by.values()) + " |"
             )
         lines.append("")
     by = rec["algo_80"]
@@ -237,7 +231,9 @@ def markdown(rec: dict) -> str:
         "|---|" + "---|" * len(by),
     ]
     for s in next(iter(by.values())):
-        lines.append(f"| {_size(int(s))} | " + " | ".join(f"{v[s][0]}/{v[s][1]} {v[s][2]}" for v in by.values()) + " |")
+        lines.append(
+            f"| {format_size(int(s))} | " + " | ".join(f"{v[s][0]}/{v[s][1]} {v[s][2]}" for v in by.values()) + " |"
+        )
     return "\n".join(lines) + "\n"
 
 

@@ -290,15 +290,18 @@ int DelayProfile::familyOf(int op) {
 std::string DelayProfile::fallbackOf(int op) const {
   if (op < 0 || op >= kNumOpKinds || present_[static_cast<size_t>(op)])
     return "";
-  const int fam = familyOf(op);
-  if (!familyPresent_[static_cast<size_t>(fam)])
+  if (!familyPresent_[static_cast<size_t>(familyOf(op))])
     return "every op of the profile pooled (it has no op of the same kind)";
+  return "the profile's ops of the same kind (" + kindNames(op) + "), nearest in size";
+}
+
+std::string DelayProfile::kindNames(int op) const {
   std::string names;
   for (int k = 0; k < kNumOpKinds; ++k) {
-    if (present_[static_cast<size_t>(k)] && familyOf(k) == fam)
+    if (k != op && present_[static_cast<size_t>(k)] && familyOf(k) == familyOf(op))
       names += std::string(names.empty() ? "" : ", ") + opName(static_cast<OpKind>(k));
   }
-  return "the profile's ops of the same kind (" + names + "), nearest in size";
+  return names;
 }
 
 bool DelayProfile::OpDists::covers(int c) const {
@@ -326,14 +329,8 @@ bool DelayProfile::drawsFromKind(int op, int64_t bytes) const {
 std::string DelayProfile::kindFallbackOf(int op, int64_t bytes) const {
   if (!drawsFromKind(op, bytes))
     return "";
-  const int fam = familyOf(op);
-  std::string names;
-  for (int k = 0; k < kNumOpKinds; ++k) {
-    if (present_[static_cast<size_t>(k)] && familyOf(k) == fam && k != op)
-      names += std::string(names.empty() ? "" : ", ") + opName(static_cast<OpKind>(k));
-  }
   const int own = ops_[static_cast<size_t>(op)].nearest(drawClassOf(bytes));
-  return "the profile's ops of the same kind (" + names + "), nearer in size: the profile's own " +
+  return "the profile's ops of the same kind (" + kindNames(op) + "), nearer in size: the profile's own " +
          opName(static_cast<OpKind>(op)) + " classes are " + std::to_string(own) + " size classes away";
 }
 

@@ -157,6 +157,7 @@ class DelayProfile {
     int nearest(int c) const;  // size classes from c to the nearest class the draws use
   };
 
+  std::string kindNames(int op) const;  // the profile's other ops of op's kind, by name
   std::array<OpDists, kNumOpKinds> ops_{};
   std::array<bool, kNumOpKinds> present_{};
   OpDists pooledOps_;  // every op pooled per size class (the fallback of an op whose kind the profile lacks)

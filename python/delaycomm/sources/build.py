@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from delaycomm import _schema, costmodel
+from delaycomm._tools.units import format_size
 from delaycomm.sources import injected
 from delaycomm.sources.histogram import Pools, class_entry, size_class_bytes
 from delaycomm.sources.ops import OP_NAMES_HELP, collective, collective_of_op
@@ -321,19 +322,13 @@ def _unobserved(classes: dict[str, list[dict]]) -> list[str]:
         if algos:
             sizes = [n["bytes"] for n in notes if not n["observed_algorithm"]]
             out.append(
-                f"warning: {op}: {len(sizes)} class(es) ({_size(min(sizes))} to {_size(max(sizes))}) priced with "
+                f"warning: {op}: {len(sizes)} class(es) ({format_size(min(sizes))} to {format_size(max(sizes))}) "
+                "priced with "
                 f"{', '.join(algos)}, which NCCL would choose at the target but no source table ran: their times "
                 "rest on NCCL's tuning constants, not a measurement (metadata.retargeted.classes[].observed_algorithm"
                 "; --nccl-algo gives the cluster's NCCL_ALGO; docs/costmodel.md)"
             )
     return out
-
-
-def _size(n: int) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if n >= 1 << shift and n % (1 << shift) == 0:
-            return f"{n >> shift} {unit}"
-    return f"{n} B"
 
 
 READER_BUG = "a bug in delaycomm's reader"
