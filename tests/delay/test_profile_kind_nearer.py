@@ -65,3 +65,36 @@ def test_profile_compare_notes_a_class_drawn_from_its_kind():
     why = _profile(FSDP2).kind_fallback_of("allreduce", MiB)
     row = {"profile_calls": 0, "rare": False, "kind_fallback": why}
     assert _note(row) == "drawn from the profile's ops of the same kind (_reduce_scatter_base), nearer in size"
+
+
+def test_a_replay_with_every_option_at_its_default_gives_far_sizes_their_kinds_latency(tmp_path):
+    """Real groups (ranks as threads), only ``delay=profile:FILE`` set (match mode, one carrier, delay_place=step): a
+    1 MiB all-reduce replaying a profile whose all-reduces are a 1 ms metric and whose reduce-scatters take 60 ms
+    experiences the reduce-scatters' latency; without the reduce-scatters, the metric's (nothing to add)."""
+    import json
+
+    import torch
+    import torch.distributed as dist
+
+    import delaycomm
+    from tests.harness import run_threads
+
+    both, metric_only = tmp_path / "fsdp2.json", tmp_path / "metric.json"
+    doc = {"format": "delaycomm-profile", "version": 1, "histogram": {"base": BASE, "unit": "ns"}, "metadata": {}}
+    both.write_text(
+        json.dumps(doc | {"ops": {"allreduce": [_cls(4, 1e6)], "_reduce_scatter_base": [_cls(512 * KiB, 60e6)]}})
+    )
+    metric_only.write_text(json.dumps(doc | {"ops": {"allreduce": [_cls(4, 1e6)]}}))
+
+    def body(ctx):
+        out = {}
+        for name, path in (("both", both), ("metric", metric_only)):
+            g = ctx.group(delay=f"profile:{path}")
+            for _ in range(4):
+                dist.all_reduce(torch.ones(MiB // 4), group=g)
+            out[name] = delaycomm.stats(g)["ops"]["allreduce"]["latency"]["p50_us"]
+        return out
+
+    for res in run_threads(body, 2, timeout=60):
+        assert res["both"] >= 55e3, res  # the reduce-scatters' 60 ms (a call cannot be made faster)
+        assert res["metric"] < 30e3, res  # the metric's 1 ms is below Gloo's own latency: nothing added

@@ -123,7 +123,10 @@ def _steps_behind(rank, world_size, init_method, profile, place, steps):
 
     from ._workers import _init
 
-    _init(rank, world_size, init_method, delay=f"profile:{profile}", delay_place=place)
+    # delay_place=step is the default: that variant sets nothing but the profile, as a user does.
+    _init(
+        rank, world_size, init_method, delay=f"profile:{profile}", **({} if place == "step" else {"delay_place": place})
+    )
     small, big = torch.ones(SMALL), torch.ones(BIG)
     seq, out = 0, []
     for _ in range(steps):
