@@ -69,7 +69,7 @@ def test_profile_compare_notes_a_class_drawn_from_its_kind():
 
 def test_a_replay_with_every_option_at_its_default_gives_far_sizes_their_kinds_latency(tmp_path):
     """Real groups (ranks as threads), only ``delay=profile:FILE`` set (match mode, one carrier, delay_place=step): a
-    1 MiB all-reduce replaying a profile whose all-reduces are a 1 ms metric and whose reduce-scatters take 60 ms
+    1 MiB all-reduce replaying a profile whose all-reduces are a 1 ms metric and whose reduce-scatters take 200 ms
     experiences the reduce-scatters' latency; without the reduce-scatters, the metric's (nothing to add)."""
     import json
 
@@ -82,7 +82,7 @@ def test_a_replay_with_every_option_at_its_default_gives_far_sizes_their_kinds_l
     both, metric_only = tmp_path / "fsdp2.json", tmp_path / "metric.json"
     doc = {"format": "delaycomm-profile", "version": 1, "histogram": {"base": BASE, "unit": "ns"}, "metadata": {}}
     both.write_text(
-        json.dumps(doc | {"ops": {"allreduce": [_cls(4, 1e6)], "_reduce_scatter_base": [_cls(512 * KiB, 60e6)]}})
+        json.dumps(doc | {"ops": {"allreduce": [_cls(4, 1e6)], "_reduce_scatter_base": [_cls(512 * KiB, 200e6)]}})
     )
     metric_only.write_text(json.dumps(doc | {"ops": {"allreduce": [_cls(4, 1e6)]}}))
 
@@ -96,5 +96,6 @@ def test_a_replay_with_every_option_at_its_default_gives_far_sizes_their_kinds_l
         return out
 
     for res in run_threads(body, 2, timeout=60):
-        assert res["both"] >= 55e3, res  # the reduce-scatters' 60 ms (a call cannot be made faster)
-        assert res["metric"] < 30e3, res  # the metric's 1 ms is below Gloo's own latency: nothing added
+        # The reduce-scatters' 200 ms, less at most this machine's own latency as match mode estimates it (on a busy
+        # machine an over-estimate: 54 of 60 ms was seen), against the metric's 1 ms, below Gloo's own latency.
+        assert res["both"] >= 100e3 and res["metric"] < 50e3, res
